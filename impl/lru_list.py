@@ -1,0 +1,148 @@
+"""`LRUList`: an intrusive doubly linked list of tree nodes, most recently used at the head.
+
+One class serves both the full (KV) list and the Mamba list: each node carries one `Link` per
+list, and a list is told which attribute holds its link and which members are evictable. Every
+list update is O(1). Each placement at the head stamps the link with a fresh, strictly increasing
+tick, so the list is always sorted by tick (head = largest). The list answers "least recently used
+evictable member" through an `EvictionQueue` ordered by those ticks, never by walking the list.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any, Callable, Iterator, Optional
+
+from impl.eviction_queue import EvictionQueue
+
+
+class Link:
+    """One node's membership in one LRU list."""
+
+    __slots__ = ("node", "prev", "next", "tick")
+
+    def __init__(self, node: Any = None):
+        self.node = node
+        self.prev: Optional[Link] = None
+        self.next: Optional[Link] = None
+        self.tick = -1
+
+    @property
+    def linked(self) -> bool:
+        return self.prev is not None
+
+
+class LRUList:
+    """Nodes ordered from most (head) to least (tail) recently used.
+
+    Invariant: `link.prev.next is link` and `link.next.prev is link` for every member, and ticks
+    strictly decrease from head to tail. `evictable(node)` is the list's eviction rule (e.g.
+    "unlocked leaf"); the owner calls `note_maybe_evictable` whenever a member may have started to
+    satisfy it without being moved (an unlock, a last child removed).
+    """
+
+    def __init__(self, link_attr: str, name: str, evictable: Callable[[Any], bool]):
+        self.name = name
+        self._link = attrgetter(link_attr)
+        self._evictable = evictable
+        self._queue = EvictionQueue(self._is_current_candidate)
+        self._head = Link()
+        self._tail = Link()
+        self._head.next = self._tail
+        self._tail.prev = self._head
+        self._size = 0
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __contains__(self, node: Any) -> bool:
+        return self._link(node).linked
+
+    def tick_of(self, node: Any) -> int:
+        """The tick stamped when `node` was last placed at the head."""
+        return self._link(node).tick
+
+    def insert_mru(self, node: Any) -> None:
+        """Add a node that is not in the list as most recently used."""
+        link = self._link(node)
+        if link.linked:
+            raise ValueError(f"node {node.id} is already in the {self.name} LRU list")
+        self._size += 1
+        self._place_at_head(link)
+        self.note_maybe_evictable(node)
+
+    def reset_mru(self, node: Any) -> None:
+        """Move a member to the most recently used position."""
+        link = self._link(node)
+        if not link.linked:
+            raise ValueError(f"node {node.id} is not in the {self.name} LRU list")
+        self._unlink(link)
+        self._place_at_head(link)
+        self.note_maybe_evictable(node)
+
+    def reset_path_mru(self, path: list) -> None:
+        """Move members to the head so that `path[0]` is most recent, then `path[1]`, and so on."""
+        for node in reversed(path):
+            self.reset_mru(node)
+
+    def remove(self, node: Any) -> None:
+        """Take a member out of the list."""
+        link = self._link(node)
+        if not link.linked:
+            raise ValueError(f"node {node.id} is not in the {self.name} LRU list")
+        self._unlink(link)
+        link.prev = link.next = None
+        self._size -= 1
+
+    def note_maybe_evictable(self, node: Any) -> None:
+        """Offer `node` to the eviction queue if it is a member satisfying the eviction rule."""
+        link = self._link(node)
+        if link.linked and self._evictable(node):
+            self._queue.offer(node, link.tick)
+            self._queue.compact(self._size)
+
+    def pop_lru_evictable(self) -> Optional[Any]:
+        """The least recently used member satisfying the eviction rule, or None.
+
+        The member stays in the list; the caller evicts it (and so removes it) or re-offers it.
+        """
+        return self._queue.pop_lru()
+
+    def _is_current_candidate(self, node: Any, tick: int) -> bool:
+        link = self._link(node)
+        return link.linked and link.tick == tick and self._evictable(node)
+
+    def iter_mru_to_lru(self) -> Iterator[Any]:
+        """Members from most to least recently used (O(n); for checks and printing)."""
+        link = self._head.next
+        while link is not self._tail:
+            yield link.node
+            link = link.next
+
+    def links_consistent(self) -> bool:
+        """Whether prev/next agree both ways and ticks strictly decrease (O(n); for checks)."""
+        count = 0
+        link = self._head
+        while link.next is not self._tail:
+            nxt = link.next
+            if nxt is None or nxt.prev is not link:
+                return False
+            if link is not self._head and nxt.tick >= link.tick:
+                return False
+            link = nxt
+            count += 1
+        return self._tail.prev is link and count == self._size
+
+    def _place_at_head(self, link: Link) -> None:
+        self._clock += 1
+        link.tick = self._clock
+        first = self._head.next
+        link.prev = self._head
+        link.next = first
+        first.prev = link
+        self._head.next = link
+
+    @staticmethod
+    def _unlink(link: Link) -> None:
+        link.prev.next = link.next
+        link.next.prev = link.prev

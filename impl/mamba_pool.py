@@ -1,0 +1,118 @@
+"""`MambaPool`: per-request Mamba states (conv and temporal tensors) in numbered slots.
+
+Slots `0..size-1` are handed out; the state tensors have one extra row, slot `size`, kept as the
+padding slot (never handed out), as in SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+from impl.slot_ledger import SlotLedger, as_device, debug_default
+
+Indices = Union[torch.Tensor, Sequence[int]]
+
+
+@dataclass(frozen=True)
+class MambaState:
+    """State tensors, shaped (num_layers, size + 1, *shape)."""
+
+    conv: torch.Tensor
+    temporal: torch.Tensor
+
+
+class MambaPool:
+    """Free-list pool of Mamba state slots.
+
+    Contract: `alloc(n)` returns n distinct slots or None (nothing changes); `free` zeroes the
+    states of the freed slots; `copy_from(src, dst)` copies states; `fork_from(src)` allocates one
+    slot and copies `src` into it (None when full). Debug mode refuses bad frees (`SlotError`).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        device="cpu",
+        conv_shape: Sequence[int] = (2,),
+        temporal_shape: Sequence[int] = (2,),
+        *,
+        num_layers: int = 1,
+        dtype: torch.dtype = torch.float32,
+        debug: Optional[bool] = None,
+    ):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"Mamba pool size must be a positive int, got {size!r}")
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be positive, got {num_layers!r}")
+        self.size = size
+        self.device = as_device(device)
+        self.debug = debug_default(self.device) if debug is None else debug
+        rows = (num_layers, size + 1)
+        self.mamba_cache = MambaState(
+            conv=torch.zeros(rows + tuple(conv_shape), dtype=dtype, device=self.device),
+            temporal=torch.zeros(rows + tuple(temporal_shape), dtype=dtype, device=self.device),
+        )
+        self._ledger = SlotLedger("Mamba pool", size + 1, [size], self.device) if self.debug else None
+        self.clear()
+
+    def clear(self) -> None:
+        """Every slot free again (states are left as they are)."""
+        self.free_slots = torch.arange(self.size, dtype=torch.int64, device=self.device)
+        if self._ledger is not None:
+            self._ledger.on_reset()
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        """n free slots (int64), or None when fewer are free."""
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
+            raise ValueError(f"alloc size must be a non-negative int, got {need_size!r}")
+        if need_size > len(self.free_slots):
+            return None
+        select = self.free_slots[:need_size]
+        if self._ledger is not None:
+            self._ledger.on_alloc(select)
+        self.free_slots = self.free_slots[need_size:]
+        return select
+
+    def free(self, free_index: Indices) -> None:
+        """Return slots and zero their states."""
+        index = self._as_index(free_index)
+        if index.numel() == 0:
+            return
+        if self._ledger is not None:
+            self._ledger.on_free(index)
+        self.free_slots = torch.cat((self.free_slots, index))
+        self.mamba_cache.conv[:, index] = 0
+        self.mamba_cache.temporal[:, index] = 0
+
+    def copy_from(self, src_index: Indices, dst_index: Indices) -> None:
+        """Copy the states of `src_index` into `dst_index`, slot by slot."""
+        src, dst = self._as_index(src_index), self._as_index(dst_index)
+        if src.numel() != dst.numel():
+            raise ValueError(f"copy_from: {src.numel()} source slots but {dst.numel()} destinations")
+        self.mamba_cache.conv[:, dst] = self.mamba_cache.conv[:, src]
+        self.mamba_cache.temporal[:, dst] = self.mamba_cache.temporal[:, src]
+
+    def fork_from(self, src_index: Indices) -> Optional[torch.Tensor]:
+        """A new slot holding a copy of `src_index`'s state, or None when the pool is full."""
+        dst = self.alloc(1)
+        if dst is None:
+            return None
+        self.copy_from(src_index, dst)
+        return dst
+
+    def fill(self, index: Indices, value: float) -> None:
+        """Set every element of the states of `index` to `value` (a stand-in for a forward pass)."""
+        index = self._as_index(index)
+        self.mamba_cache.conv[:, index] = value
+        self.mamba_cache.temporal[:, index] = value
+
+    def _as_index(self, index: Indices) -> torch.Tensor:
+        if isinstance(index, torch.Tensor):
+            return index.to(device=self.device, dtype=torch.int64).reshape(-1)
+        return torch.tensor(list(index), dtype=torch.int64, device=self.device)

@@ -1,0 +1,578 @@
+"""`MambaRadixCache`: the hybrid (full-attention KV + Mamba state) radix prefix cache.
+
+Behaviour follows SGLang 0.5.4's `MambaRadixCache` (see README, "Rules"); the differences are
+speed (eviction candidates come from queues, not list walks; pool frees are batched per call)
+and that misuse raises `CacheMisuseError` before anything changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, NamedTuple, Optional, Tuple
+
+import torch
+
+from impl.errors import CacheMisuseError, MambaPoolExhaustedError
+from impl.kv_allocator import TokenToKVPoolAllocator
+from impl.lru_list import LRUList
+from impl.radix_key import RadixKey, child_key, match_length
+from impl.req_to_token_pool import HybridReqToTokenPool
+from impl.tree_node import TreeNode
+
+
+class MatchResult(NamedTuple):
+    """What `match_prefix` found: the reusable KV slots and the node that ends them."""
+
+    device_indices: torch.Tensor
+    last_device_node: Any
+    last_host_node: Any
+    host_hit_length: int = 0
+
+
+class CacheInvariantError(AssertionError):
+    """`sanity_check` found the tree, its LRU lists or its size counters inconsistent."""
+
+
+def _is_evictable_leaf(node: TreeNode) -> bool:
+    return not node.children and node.full_lock_ref == 0
+
+
+def _is_evictable_mamba(node: TreeNode) -> bool:
+    return node.mamba_lock_ref == 0
+
+
+class MambaRadixCache:
+    """Radix tree over token ids whose nodes hold KV slots and, optionally, a Mamba state.
+
+    Invariants: no leaf is a tombstone; a KV-locked node's ancestors are KV-locked; the full LRU
+    list holds every non-root node and the Mamba list every Mamba holder, most recent first; the
+    four size counters equal the token / state counts of unlocked and locked nodes.
+    """
+
+    def __init__(
+        self,
+        req_to_token_pool: HybridReqToTokenPool,
+        token_to_kv_pool_allocator: TokenToKVPoolAllocator,
+        page_size: int = 1,
+        disable: bool = False,
+    ):
+        if page_size != 1:
+            raise CacheMisuseError(
+                f"MambaRadixCache supports only page_size=1, got page_size={page_size!r}"
+            )
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.disable = disable
+        self.device = (
+            token_to_kv_pool_allocator.device if token_to_kv_pool_allocator else torch.device("cpu")
+        )
+        self.reset()
+
+    # ----- public API -------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the whole tree (the pools are the caller's to clear)."""
+        self.root_node = TreeNode(RadixKey([]), self._empty_indices())
+        self.root_node.full_lock_ref = 1
+        self.root_node.mamba_lock_ref = 1
+        self.full_evictable_size_ = 0
+        self.mamba_evictable_size_ = 0
+        self.full_protected_size_ = 0
+        self.mamba_protected_size_ = 0
+        self.full_lru_list = LRUList("full_link", "full", _is_evictable_leaf)
+        self.mamba_lru_list = LRUList("mamba_link", "mamba", _is_evictable_mamba)
+
+    def match_prefix(self, key: RadixKey, **kwargs) -> MatchResult:
+        """The longest cached prefix of `key` that ends at a node holding a Mamba state.
+
+        A partial match inside a node splits it (the upper part is a new tombstone). The returned
+        node and its ancestors become most recently used, the node ahead of its parents. With
+        `cow_mamba=True` and `req=` (a request not yet given a request slot), the node's Mamba state
+        is copied into the request's own Mamba slot, allocated (evicting one state if the pool is
+        full) when the request has none.
+        """
+        cow_mamba: bool = kwargs.get("cow_mamba", False)
+        req = kwargs.get("req", None)
+        self._check_key(key)
+        if cow_mamba:
+            if req is None:
+                raise CacheMisuseError("match_prefix(cow_mamba=True) needs req=")
+            if req.req_pool_idx is not None:
+                raise CacheMisuseError(
+                    f"match_prefix(cow_mamba=True) on a request that already has request slot "
+                    f"{req.req_pool_idx}"
+                )
+        if self.disable or len(key) == 0:
+            return MatchResult(self._empty_indices(), self.root_node, self.root_node)
+
+        value, last_node = self._match_prefix_helper(key)
+        if cow_mamba and last_node.mamba_value is not None:
+            self._copy_mamba_to_req(last_node, req)
+        indices = torch.cat(value) if value else self._empty_indices()
+        return MatchResult(indices, last_node, last_node)
+
+    def insert(self, key: RadixKey, value: Optional[torch.Tensor] = None, mamba_value=None) -> Tuple[int, bool]:
+        """Insert `key` with KV slots `value` ending in Mamba state `mamba_value`.
+
+        Returns `(prefix_len, mamba_exist)`: how many leading tokens were already cached (the
+        caller still owns, and must free, its slots for them) and whether the node at the end of
+        `key` already held a Mamba state (then `mamba_value` was not taken).
+        """
+        self._check_key(key)
+        if value is None:
+            value = torch.tensor(key.token_ids, dtype=torch.int64, device=self.device)
+        if len(value) != len(key):
+            raise CacheMisuseError(
+                f"insert: value has {len(value)} KV slots but the key has {len(key)} tokens"
+            )
+        if mamba_value is None:
+            raise CacheMisuseError("insert: mamba_value must be given (a Mamba slot, shape [1])")
+        if len(mamba_value) != 1:
+            raise CacheMisuseError(
+                f"insert: mamba_value must hold exactly one Mamba slot, got {len(mamba_value)}"
+            )
+        if self.disable:
+            return 0, False
+        return self._insert_helper(key, value, mamba_value)
+
+    def cache_finished_req(self, req) -> None:
+        """Put a finished request's tokens into the tree and release its slots and its lock."""
+        self._check_req(req, "cache_finished_req")
+        if self.disable:
+            kv_len = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+            kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
+            self.token_to_kv_pool_allocator.free(kv_indices)
+            self.req_to_token_pool.free(req.req_pool_idx)
+            return
+
+        token_ids = (req.origin_input_ids + req.output_ids)[:-1]
+        kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
+        mamba_value = (
+            self.req_to_token_pool.get_mamba_indices(req.req_pool_idx).unsqueeze(-1).clone()
+        )
+        new_prefix_len, mamba_exist = self.insert(
+            RadixKey._trusted(list(token_ids), req.extra_key),
+            kv_indices.to(dtype=torch.int64, copy=True),
+            mamba_value,
+        )
+        self.token_to_kv_pool_allocator.free(kv_indices[len(req.prefix_indices) : new_prefix_len])
+        self.req_to_token_pool.free(req.req_pool_idx, free_mamba_cache=mamba_exist)
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        """Put the tokens a running request has computed (`fill_ids`) into the tree.
+
+        The tree gets a fork of the request's Mamba state (one state is evicted if the pool is
+        full); the request then shares the tree's KV slots for all of `fill_ids`, and its lock
+        moves to the node that ends them.
+        """
+        self._check_req(req, "cache_unfinished_req")
+        if self.disable:
+            kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(req.fill_ids)]
+            req.prefix_indices = kv_indices
+            return
+
+        token_ids = list(req.fill_ids)
+        kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
+        mamba_pool = self.req_to_token_pool.mamba_pool
+        req_mamba = self.req_to_token_pool.get_mamba_indices(req.req_pool_idx).unsqueeze(-1)
+        forked = mamba_pool.fork_from(req_mamba)
+        if forked is None:
+            self.evict_mamba(1)
+            forked = mamba_pool.fork_from(req_mamba)
+            if forked is None:
+                raise MambaPoolExhaustedError(
+                    f"cache_unfinished_req: no Mamba slot for request {req.rid!r} even after "
+                    f"evicting (pool of {mamba_pool.size}, all states locked)"
+                )
+        key = RadixKey._trusted(token_ids, req.extra_key)
+        new_prefix_len, mamba_exist = self.insert(
+            key, kv_indices.to(dtype=torch.int64, copy=True), forked
+        )
+        self.token_to_kv_pool_allocator.free(kv_indices[len(req.prefix_indices) : new_prefix_len])
+        if mamba_exist:
+            mamba_pool.free(forked)
+
+        new_indices, new_last_node, _, _ = self.match_prefix(key)
+        self.req_to_token_pool.write(
+            (req.req_pool_idx, slice(len(req.prefix_indices), len(new_indices))),
+            new_indices[len(req.prefix_indices) :],
+        )
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(new_last_node)
+        req.prefix_indices = new_indices
+        req.last_node = new_last_node
+
+    def evict(self, full_num_tokens: int) -> None:
+        """Free at least `full_num_tokens` KV slots (if that many are evictable).
+
+        Evicts least recently used unlocked leaves, each with every tombstone ancestor that it
+        leaves as an unlocked leaf, until enough tokens are freed.
+        """
+        if self.disable or full_num_tokens <= 0:
+            return
+        kv_freed: List[torch.Tensor] = []
+        mamba_freed: List[torch.Tensor] = []
+        evicted = 0
+        while evicted < full_num_tokens:
+            leaf = self.full_lru_list.pop_lru_evictable()
+            if leaf is None:
+                break
+            evicted += self._evict_leaf(leaf, kv_freed, mamba_freed)
+        self._free_batched(kv_freed, mamba_freed)
+
+    def evict_mamba(self, mamba_num: int) -> None:
+        """Free at least `mamba_num` Mamba states (if that many are evictable).
+
+        Takes the least recently used Mamba holder whose state is unlocked: an internal node
+        becomes a tombstone; a leaf is evicted whole, with its tombstone ancestors.
+        """
+        if self.disable or mamba_num <= 0:
+            return
+        kv_freed: List[torch.Tensor] = []
+        mamba_freed: List[torch.Tensor] = []
+        evicted = 0
+        while evicted < mamba_num:
+            node = self.mamba_lru_list.pop_lru_evictable()
+            if node is None:
+                break
+            if node.children:
+                mamba_freed.append(node.mamba_value)
+                self.mamba_lru_list.remove(node)
+                self.mamba_evictable_size_ -= len(node.mamba_value)
+                node.mamba_value = None
+            else:
+                self._evict_leaf(node, kv_freed, mamba_freed)
+            evicted += 1
+        self._free_batched(kv_freed, mamba_freed)
+
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock `node`'s KV and that of its ancestors, and `node`'s own Mamba state if it has one."""
+        if self.disable:
+            return None
+        self._check_live(node, "inc_lock_ref")
+        if node.mamba_value is not None:
+            if node.mamba_lock_ref == 0:
+                self.mamba_evictable_size_ -= len(node.mamba_value)
+                self.mamba_protected_size_ += len(node.mamba_value)
+            node.mamba_lock_ref += 1
+        while node is not self.root_node:
+            if node.full_lock_ref == 0:
+                self.full_evictable_size_ -= len(node.value)
+                self.full_protected_size_ += len(node.value)
+            node.full_lock_ref += 1
+            node = node.parent
+        return None
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Undo one `inc_lock_ref(node)`; refused (nothing changes) if `node` is not locked."""
+        if self.disable:
+            return
+        self._check_live(node, "dec_lock_ref")
+        if node.mamba_value is not None and node.mamba_lock_ref <= 0:
+            raise CacheMisuseError(
+                f"dec_lock_ref on node {node.id} whose Mamba state is not locked "
+                f"(mamba_lock_ref={node.mamba_lock_ref})"
+            )
+        walker = node
+        while walker is not self.root_node:
+            if walker.full_lock_ref <= 0:
+                raise CacheMisuseError(
+                    f"dec_lock_ref on node {node.id}: node {walker.id} on its path is not locked "
+                    f"(full_lock_ref={walker.full_lock_ref})"
+                )
+            walker = walker.parent
+
+        if node.mamba_value is not None:
+            if node.mamba_lock_ref == 1:
+                self.mamba_evictable_size_ += len(node.mamba_value)
+                self.mamba_protected_size_ -= len(node.mamba_value)
+            node.mamba_lock_ref -= 1
+            if node.mamba_lock_ref == 0:
+                self.mamba_lru_list.note_maybe_evictable(node)
+        while node is not self.root_node:
+            if node.full_lock_ref == 1:
+                self.full_evictable_size_ += len(node.value)
+                self.full_protected_size_ -= len(node.value)
+            node.full_lock_ref -= 1
+            if node.full_lock_ref == 0:
+                self.full_lru_list.note_maybe_evictable(node)
+            node = node.parent
+
+    def evictable_size(self) -> Tuple[int, int]:
+        raise NotImplementedError("use full_evictable_size() and mamba_evictable_size()")
+
+    def protected_size(self) -> Tuple[int, int]:
+        raise NotImplementedError("use full_protected_size() and mamba_protected_size()")
+
+    def full_evictable_size(self) -> int:
+        """KV tokens in unlocked nodes."""
+        return self.full_evictable_size_
+
+    def mamba_evictable_size(self) -> int:
+        """Mamba states in nodes whose state is unlocked."""
+        return self.mamba_evictable_size_
+
+    def full_protected_size(self) -> int:
+        """KV tokens in locked nodes."""
+        return self.full_protected_size_
+
+    def mamba_protected_size(self) -> int:
+        """Mamba states in nodes whose state is locked."""
+        return self.mamba_protected_size_
+
+    def total_size(self) -> Tuple[int, int]:
+        """(KV tokens, Mamba states) held by the tree."""
+        return (
+            self.full_evictable_size_ + self.full_protected_size_,
+            self.mamba_evictable_size_ + self.mamba_protected_size_,
+        )
+
+    def all_values_flatten(self) -> torch.Tensor:
+        """Every KV slot the tree holds, in depth-first order."""
+        values = [node.value for node in self._iter_nodes() if node is not self.root_node]
+        return torch.cat(values) if values else self._empty_indices()
+
+    def sanity_check(self) -> None:
+        """Check the tree against its LRU lists and size counters (O(tree); for debugging).
+
+        Raises `CacheInvariantError` naming the first inconsistency.
+        """
+        nodes = [node for node in self._iter_nodes() if node is not self.root_node]
+        holders = [node for node in nodes if node.mamba_value is not None]
+        for node in nodes:
+            if not node.children and node.mamba_value is None:
+                raise CacheInvariantError(f"leaf node {node.id} is a tombstone")
+            if node.full_lock_ref > 0 and node.parent is not self.root_node and node.parent.full_lock_ref == 0:
+                raise CacheInvariantError(f"node {node.id} is locked but its parent {node.parent.id} is not")
+            if node.mamba_lock_ref > node.full_lock_ref or min(node.full_lock_ref, node.mamba_lock_ref) < 0:
+                raise CacheInvariantError(
+                    f"node {node.id} has full_lock_ref={node.full_lock_ref}, mamba_lock_ref={node.mamba_lock_ref}"
+                )
+        for lru, members in ((self.full_lru_list, nodes), (self.mamba_lru_list, holders)):
+            listed = list(lru.iter_mru_to_lru())
+            if not lru.links_consistent() or {id(n) for n in listed} != {id(n) for n in members} or len(listed) != len(members):
+                raise CacheInvariantError(f"{lru.name} LRU list does not hold exactly its {len(members)} nodes")
+        expected = (
+            sum(len(n.value) for n in nodes if n.full_lock_ref == 0),
+            sum(len(n.value) for n in nodes if n.full_lock_ref > 0),
+            sum(1 for n in holders if n.mamba_lock_ref == 0),
+            sum(1 for n in holders if n.mamba_lock_ref > 0),
+        )
+        actual = (
+            self.full_evictable_size_,
+            self.full_protected_size_,
+            self.mamba_evictable_size_,
+            self.mamba_protected_size_,
+        )
+        if expected != actual:
+            raise CacheInvariantError(
+                f"size counters (full evictable, full protected, mamba evictable, mamba protected) "
+                f"are {actual}, the tree says {expected}"
+            )
+
+    def format_tree(self) -> str:
+        """The tree, one indented line per node: id, tokens, Mamba slot, locks, LRU positions."""
+        full_rank = {id(n): i for i, n in enumerate(self.full_lru_list.iter_mru_to_lru())}
+        mamba_rank = {id(n): i for i, n in enumerate(self.mamba_lru_list.iter_mru_to_lru())}
+        lines = []
+        stack = [(self.root_node, 0)]
+        while stack:
+            node, depth = stack.pop()
+            mamba = "tombstone" if node.mamba_value is None else f"mamba={int(node.mamba_value[0])}"
+            tokens = node.key.token_ids
+            shown = tokens if len(tokens) <= 8 else tokens[:8] + ["..."]
+            lines.append(
+                f"{'  ' * depth}[{node.id}] tokens={shown} {mamba} "
+                f"lock={node.full_lock_ref}/{node.mamba_lock_ref} "
+                f"lru={full_rank.get(id(node), '-')}/{mamba_rank.get(id(node), '-')}"
+            )
+            for child in reversed(list(node.children.values())):
+                stack.append((child, depth + 1))
+        total, mamba_total = self.total_size()
+        lines.append(f"#full_tokens: {total}, #mamba_num: {mamba_total}")
+        return "\n".join(lines)
+
+    def pretty_print(self) -> None:
+        """Print `format_tree()`."""
+        print(self.format_tree())
+
+    # ----- internals --------------------------------------------------------------------------
+
+    def _empty_indices(self) -> torch.Tensor:
+        return torch.empty((0,), dtype=torch.int64, device=self.device)
+
+    @staticmethod
+    def _check_key(key) -> None:
+        if not isinstance(key, RadixKey):
+            raise CacheMisuseError(f"expected a RadixKey, got {type(key).__name__}: {key!r}")
+
+    def _check_live(self, node, method: str) -> None:
+        if not isinstance(node, TreeNode) or not node.in_tree:
+            raise CacheMisuseError(f"{method} on a node that is not in the tree: {node!r}")
+
+    def _check_req(self, req, method: str) -> None:
+        if req.req_pool_idx is None:
+            raise CacheMisuseError(f"{method}: request {req.rid!r} has no request slot")
+        if not self.disable:
+            self._check_live(req.last_node, method)
+            if req.last_node is not self.root_node and req.last_node.full_lock_ref <= 0:
+                raise CacheMisuseError(
+                    f"{method}: request {req.rid!r} does not hold a lock on its last node "
+                    f"{req.last_node.id}"
+                )
+
+    def _iter_nodes(self):
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _copy_mamba_to_req(self, node: TreeNode, req) -> None:
+        mamba_pool = self.req_to_token_pool.mamba_pool
+        if req.mamba_pool_idx is not None:
+            mamba_pool.copy_from(node.mamba_value, req.mamba_pool_idx.reshape(1))
+            return
+        dst = mamba_pool.alloc(1)
+        if dst is None:
+            self.inc_lock_ref(node)
+            self.evict_mamba(1)
+            dst = mamba_pool.alloc(1)
+            self.dec_lock_ref(node)
+            if dst is None:
+                raise MambaPoolExhaustedError(
+                    f"match_prefix(cow_mamba=True): no Mamba slot for request {req.rid!r} even "
+                    f"after evicting (pool of {mamba_pool.size}, all states locked)"
+                )
+        mamba_pool.copy_from(node.mamba_value, dst)
+        req.mamba_pool_idx = dst[0]
+
+    def _match_prefix_helper(self, key: RadixKey) -> Tuple[List[torch.Tensor], TreeNode]:
+        node = self.root_node
+        value: List[torch.Tensor] = []
+        best_value_len = 0
+        best_node = node
+        next_child = child_key(key)
+        while len(key) > 0 and next_child in node.children:
+            child = node.children[next_child]
+            if node.mamba_value is not None:
+                best_value_len, best_node = len(value), node
+            prefix_len = match_length(child.key, key)
+            if prefix_len < len(child.key):
+                node = self._split_node(child, prefix_len)
+                value.append(node.value)
+                break
+            value.append(child.value)
+            node = child
+            key = key[prefix_len:]
+            if len(key):
+                next_child = child_key(key)
+        if node.mamba_value is not None:
+            best_value_len, best_node = len(value), node
+
+        path = []
+        walker = best_node
+        while walker is not self.root_node:
+            path.append(walker)
+            walker = walker.parent
+        self.full_lru_list.reset_path_mru(path)
+        self.mamba_lru_list.reset_path_mru([n for n in path if n.mamba_value is not None])
+        return value[:best_value_len], best_node
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        """Cut `child` after `split_len` tokens; the new upper node is a tombstone."""
+        parent = child.parent
+        upper = TreeNode(child.key[:split_len], child.value[:split_len], parent)
+        upper.full_lock_ref = child.full_lock_ref
+        lower_key = child.key[split_len:]
+        upper.children[child_key(lower_key)] = child
+        parent.children[child_key(child.key)] = upper
+        child.parent = upper
+        child.key = lower_key
+        child.value = child.value[split_len:]
+        self.full_lru_list.insert_mru(upper)
+        self.full_lru_list.reset_mru(child)
+        if child.mamba_value is not None:
+            self.mamba_lru_list.reset_mru(child)
+        return upper
+
+    def _touch(self, node: TreeNode) -> None:
+        self.full_lru_list.reset_mru(node)
+        if node.mamba_value is not None:
+            self.mamba_lru_list.reset_mru(node)
+
+    def _insert_helper(self, key: RadixKey, value: torch.Tensor, mamba_value) -> Tuple[int, bool]:
+        if len(key) == 0:
+            return 0, True
+        node = self.root_node
+        next_child = child_key(key)
+        total_prefix_len = 0
+        while len(key) > 0 and next_child in node.children:
+            node = node.children[next_child]
+            self._touch(node)
+            prefix_len = match_length(node.key, key)
+            total_prefix_len += prefix_len
+            key = key[prefix_len:]
+            value = value[prefix_len:]
+            if prefix_len < len(node.key):
+                node = self._split_node(node, prefix_len)
+            if len(key):
+                next_child = child_key(key)
+
+        if len(key):
+            leaf = TreeNode(key, value, node)
+            leaf.mamba_value = mamba_value
+            node.children[next_child] = leaf
+            self.full_evictable_size_ += len(value)
+            self.mamba_evictable_size_ += len(mamba_value)
+            self.full_lru_list.insert_mru(leaf)
+            self.mamba_lru_list.insert_mru(leaf)
+            return total_prefix_len, False
+        if node.mamba_value is None:
+            node.mamba_value = mamba_value
+            self.mamba_evictable_size_ += len(mamba_value)
+            self.mamba_lru_list.insert_mru(node)
+            return total_prefix_len, False
+        self.mamba_lru_list.reset_mru(node)
+        return total_prefix_len, True
+
+    def _evict_leaf(self, leaf: TreeNode, kv_freed: list, mamba_freed: list) -> int:
+        """Remove an unlocked leaf and the tombstone ancestors it leaves as unlocked leaves.
+
+        Queues their slots on `kv_freed` / `mamba_freed`; returns the KV tokens removed.
+        """
+        if leaf.full_lock_ref or leaf.mamba_lock_ref or leaf.mamba_value is None or leaf.children:
+            raise CacheInvariantError(f"evicting {leaf!r}, which is not an unlocked Mamba leaf")
+        mamba_freed.append(leaf.mamba_value)
+        self.mamba_lru_list.remove(leaf)
+        self.mamba_evictable_size_ -= len(leaf.mamba_value)
+        evicted = self._delete_node(leaf, kv_freed)
+        parent = leaf.parent
+        while (
+            parent is not self.root_node
+            and not parent.children
+            and parent.mamba_value is None
+            and parent.full_lock_ref == 0
+        ):
+            grandparent = parent.parent
+            evicted += self._delete_node(parent, kv_freed)
+            parent = grandparent
+        if parent is not self.root_node and not parent.children:
+            self.full_lru_list.note_maybe_evictable(parent)
+        return evicted
+
+    def _delete_node(self, node: TreeNode, kv_freed: list) -> int:
+        """Detach an unlocked childless node (its Mamba state already gone); queue its KV slots."""
+        del node.parent.children[child_key(node.key)]
+        node.in_tree = False
+        self.full_lru_list.remove(node)
+        self.full_evictable_size_ -= len(node.value)
+        kv_freed.append(node.value)
+        return len(node.value)
+
+    def _free_batched(self, kv_freed: List[torch.Tensor], mamba_freed: List[torch.Tensor]) -> None:
+        if kv_freed:
+            self.token_to_kv_pool_allocator.free(torch.cat(kv_freed))
+        if mamba_freed:
+            self.req_to_token_pool.mamba_pool.free(torch.cat(mamba_freed))

@@ -1,0 +1,546 @@
+"""Hand-written scenarios, one per rule of the cache, each asserting exact trees, sizes and pools.
+
+A tree is written as {path: (kind, full_lock, mamba_lock)}: `path` is the token tuple from the root
+to the end of the node (so the set of paths fixes the segments), kind "M" for a Mamba holder and
+"T" for a tombstone.
+"""
+
+import pytest
+import torch
+
+from impl import (
+    CacheMisuseError,
+    HybridReqToTokenPool,
+    MambaPoolExhaustedError,
+    MambaRadixCache,
+    RadixKey,
+    Req,
+    TokenToKVPoolAllocator,
+)
+
+
+class Setup:
+    def __init__(self, device, kv_size=32, mamba_size=8, req_size=4):
+        self.device = device
+        self.kv = TokenToKVPoolAllocator(kv_size, device=device, debug=True)
+        self.pool = HybridReqToTokenPool(
+            size=req_size, mamba_size=mamba_size, max_context_len=64, device=device, debug=True
+        )
+        self.mamba = self.pool.mamba_pool
+        self.cache = MambaRadixCache(self.pool, self.kv)
+
+    def insert(self, tokens, extra_key=None):
+        """Insert `tokens` with fresh KV slots and a fresh Mamba slot; return insert's result."""
+        kv = self.kv.alloc(len(tokens))
+        mamba = self.mamba.alloc(1)
+        prefix_len, exist = self.cache.insert(RadixKey(tokens, extra_key), kv, mamba)
+        self.kv.free(kv[:prefix_len])
+        if exist:
+            self.mamba.free(mamba)
+        return prefix_len, exist
+
+    def shape(self):
+        out = {}
+        stack = [(self.cache.root_node, ())]
+        while stack:
+            node, path = stack.pop()
+            for child in node.children.values():
+                extra = () if child.key.extra_key is None or path else (child.key.extra_key,)
+                child_path = extra + path + tuple(child.key.token_ids)
+                kind = "T" if child.mamba_value is None else "M"
+                out[child_path] = (kind, child.full_lock_ref, child.mamba_lock_ref)
+                stack.append((child, child_path))
+        return out
+
+    def sizes(self):
+        c = self.cache
+        return (
+            c.full_evictable_size(),
+            c.full_protected_size(),
+            c.mamba_evictable_size(),
+            c.mamba_protected_size(),
+        )
+
+    def lru(self, which="full"):
+        lst = self.cache.full_lru_list if which == "full" else self.cache.mamba_lru_list
+        return [tuple(n.key.token_ids) for n in lst.iter_mru_to_lru()]
+
+    def free_counts(self):
+        return self.kv.available_size(), self.mamba.available_size()
+
+
+@pytest.fixture
+def s(device):
+    return Setup(device)
+
+
+def test_insert_into_empty_tree_makes_one_holder(s):
+    assert s.insert([1, 2, 3]) == (0, False)
+    assert s.shape() == {(1, 2, 3): ("M", 0, 0)}
+    assert s.sizes() == (3, 0, 1, 0)
+    assert s.cache.total_size() == (3, 1)
+    assert s.free_counts() == (29, 7)
+
+
+def test_insert_extension_reports_the_cached_prefix(s):
+    s.insert([1, 2, 3])
+    assert s.insert([1, 2, 3, 4, 5]) == (3, False)
+    assert s.shape() == {(1, 2, 3): ("M", 0, 0), (1, 2, 3, 4, 5): ("M", 0, 0)}
+    assert s.sizes() == (5, 0, 2, 0)
+    assert s.free_counts() == (27, 6)
+
+
+def test_insert_of_a_cached_key_reports_mamba_exist(s):
+    s.insert([1, 2, 3])
+    assert s.insert([1, 2, 3]) == (3, True)
+    assert s.shape() == {(1, 2, 3): ("M", 0, 0)}
+    assert s.free_counts() == (29, 7)
+
+
+def test_insert_of_empty_key_takes_nothing(s):
+    mamba = s.mamba.alloc(1)
+    assert s.cache.insert(RadixKey([]), s.kv.alloc(0), mamba) == (0, True)
+    assert s.shape() == {}
+
+
+def test_partial_match_splits_and_the_upper_part_is_a_tombstone(s):
+    s.insert([1, 2, 3, 4])
+    result = s.cache.match_prefix(RadixKey([1, 2, 9]))
+    assert s.shape() == {(1, 2): ("T", 0, 0), (1, 2, 3, 4): ("M", 0, 0)}
+    assert result.device_indices.numel() == 0
+    assert result.last_device_node is s.cache.root_node
+    assert s.sizes() == (4, 0, 1, 0)
+    assert s.lru("full") == [(3, 4), (1, 2)]
+    assert s.lru("mamba") == [(3, 4)]
+
+
+def test_match_returns_kv_only_up_to_the_deepest_holder(s):
+    s.insert([1, 2, 3, 4])
+    node = s.cache.root_node.children[1]
+    kv = node.value.tolist()
+    s.cache.match_prefix(RadixKey([1, 2, 9]))
+    s.insert([1, 2, 3, 4, 5, 6])
+    result = s.cache.match_prefix(RadixKey([1, 2, 3, 4, 5, 7]))
+    assert result.device_indices.tolist() == kv
+    assert tuple(result.last_device_node.key.token_ids) == (3, 4)
+    assert s.shape() == {
+        (1, 2): ("T", 0, 0),
+        (1, 2, 3, 4): ("M", 0, 0),
+        (1, 2, 3, 4, 5): ("T", 0, 0),
+        (1, 2, 3, 4, 5, 6): ("M", 0, 0),
+    }
+
+
+def test_insert_onto_a_tombstone_makes_it_a_holder_again(s):
+    s.insert([1, 2, 3, 4])
+    s.cache.match_prefix(RadixKey([1, 2, 9]))
+    assert s.insert([1, 2]) == (2, False)
+    assert s.shape() == {(1, 2): ("M", 0, 0), (1, 2, 3, 4): ("M", 0, 0)}
+    assert s.sizes() == (4, 0, 2, 0)
+    assert s.lru("mamba") == [(1, 2), (3, 4)]
+    assert s.free_counts() == (28, 6)
+
+
+def test_match_refreshes_the_node_ahead_of_its_ancestors(s):
+    s.insert([1, 2])
+    s.insert([1, 2, 3, 4])
+    s.insert([7, 8])
+    assert s.lru("full") == [(7, 8), (3, 4), (1, 2)]
+    s.cache.match_prefix(RadixKey([1, 2, 3, 4]))
+    assert s.lru("full") == [(3, 4), (1, 2), (7, 8)]
+    assert s.lru("mamba") == [(3, 4), (1, 2), (7, 8)]
+
+
+def test_extra_keys_never_share_nodes(s):
+    s.insert([1, 2, 3], extra_key="lora-a")
+    assert s.insert([1, 2, 3], extra_key="lora-b") == (0, False)
+    assert s.insert([1, 2, 3]) == (0, False)
+    assert s.shape() == {
+        ("lora-a", 1, 2, 3): ("M", 0, 0),
+        ("lora-b", 1, 2, 3): ("M", 0, 0),
+        (1, 2, 3): ("M", 0, 0),
+    }
+    assert s.cache.match_prefix(RadixKey([1, 2, 3], "lora-a")).device_indices.numel() == 3
+    assert s.cache.match_prefix(RadixKey([1, 2, 3], "lora-c")).device_indices.numel() == 0
+
+
+def test_lock_counts_on_the_path_for_kv_and_on_the_node_for_mamba(s):
+    s.insert([1, 2])
+    s.insert([1, 2, 3, 4])
+    leaf = s.cache.match_prefix(RadixKey([1, 2, 3, 4])).last_device_node
+    s.cache.inc_lock_ref(leaf)
+    s.cache.inc_lock_ref(leaf)
+    assert s.shape() == {(1, 2): ("M", 2, 0), (1, 2, 3, 4): ("M", 2, 2)}
+    assert s.sizes() == (0, 4, 1, 1)
+    s.cache.dec_lock_ref(leaf)
+    assert s.sizes() == (0, 4, 1, 1)
+    s.cache.dec_lock_ref(leaf)
+    assert s.shape() == {(1, 2): ("M", 0, 0), (1, 2, 3, 4): ("M", 0, 0)}
+    assert s.sizes() == (4, 0, 2, 0)
+
+
+def test_split_of_a_locked_node_copies_its_kv_lock_to_the_upper_part(s):
+    s.insert([1, 2, 3, 4])
+    leaf = s.cache.root_node.children[1]
+    s.cache.inc_lock_ref(leaf)
+    s.cache.match_prefix(RadixKey([1, 2, 5]))
+    assert s.shape() == {(1, 2): ("T", 1, 0), (1, 2, 3, 4): ("M", 1, 1)}
+    assert s.sizes() == (0, 4, 0, 1)
+
+
+def test_evict_takes_the_lru_unlocked_leaf_and_skips_locked_ones(s):
+    s.insert([1, 2])
+    s.insert([3, 4])
+    s.insert([5, 6])
+    locked = s.cache.match_prefix(RadixKey([1, 2])).last_device_node
+    s.cache.inc_lock_ref(locked)
+    s.cache.evict(1)
+    assert s.shape() == {(1, 2): ("M", 1, 1), (5, 6): ("M", 0, 0)}
+    assert s.sizes() == (2, 2, 1, 1)
+    assert s.free_counts() == (28, 6)
+
+
+def test_evict_deletes_tombstone_ancestors_left_as_leaves(s):
+    s.insert([1, 2, 3, 4])
+    s.cache.match_prefix(RadixKey([1, 2, 9]))
+    s.cache.match_prefix(RadixKey([1, 2, 3, 4]))
+    assert s.shape() == {(1, 2): ("T", 0, 0), (1, 2, 3, 4): ("M", 0, 0)}
+    s.cache.evict(1)
+    assert s.shape() == {}
+    assert s.sizes() == (0, 0, 0, 0)
+    assert s.free_counts() == (32, 8)
+
+
+def test_evict_cascade_stops_at_a_holder_which_becomes_evictable(s):
+    s.insert([1, 2])
+    s.insert([1, 2, 3, 4, 5])
+    s.cache.match_prefix(RadixKey([1, 2, 3, 9]))
+    s.insert([8, 8])
+    assert s.shape() == {
+        (1, 2): ("M", 0, 0),
+        (1, 2, 3): ("T", 0, 0),
+        (1, 2, 3, 4, 5): ("M", 0, 0),
+        (8, 8): ("M", 0, 0),
+    }
+    s.cache.evict(3)
+    assert s.shape() == {(1, 2): ("M", 0, 0), (8, 8): ("M", 0, 0)}
+    assert s.free_counts() == (28, 6)
+    s.cache.evict(1)
+    assert s.shape() == {(8, 8): ("M", 0, 0)}
+    assert s.free_counts() == (30, 7)
+
+
+def test_evict_keeps_a_locked_tombstone_ancestor(s):
+    s.insert([1, 2, 3, 4])
+    s.insert([1, 2, 5, 6])
+    locked = s.cache.match_prefix(RadixKey([1, 2, 5, 6])).last_device_node
+    s.cache.inc_lock_ref(locked)
+    s.cache.evict(10)
+    assert s.shape() == {(1, 2): ("T", 1, 0), (1, 2, 5, 6): ("M", 1, 1)}
+    assert s.sizes() == (0, 4, 0, 1)
+
+
+def test_evict_mamba_tombstones_an_internal_holder(s):
+    s.insert([1, 2])
+    s.insert([1, 2, 3, 4])
+    s.cache.match_prefix(RadixKey([1, 2, 3, 4]))
+    s.cache.evict_mamba(1)
+    assert s.shape() == {(1, 2): ("T", 0, 0), (1, 2, 3, 4): ("M", 0, 0)}
+    assert s.sizes() == (4, 0, 1, 0)
+    assert s.free_counts() == (28, 7)
+    assert s.lru("mamba") == [(3, 4)]
+
+
+def test_evict_mamba_on_a_leaf_evicts_it_with_its_tombstone_ancestors(s):
+    s.insert([1, 2])
+    s.insert([1, 2, 3, 4])
+    s.cache.match_prefix(RadixKey([1, 2, 3, 4]))
+    s.cache.evict_mamba(2)
+    assert s.shape() == {}
+    assert s.free_counts() == (32, 8)
+
+
+def test_evict_mamba_skips_locked_states(s):
+    s.insert([1, 2])
+    s.insert([3, 4])
+    locked = s.cache.match_prefix(RadixKey([1, 2])).last_device_node
+    s.cache.inc_lock_ref(locked)
+    s.cache.evict_mamba(5)
+    assert s.shape() == {(1, 2): ("M", 1, 1)}
+
+
+def test_cow_mamba_allocates_a_slot_and_copies_the_state(s):
+    s.insert([1, 2, 3])
+    node = s.cache.root_node.children[1]
+    s.mamba.fill(node.mamba_value, 4.25)
+    req = Req("r", [1, 2, 3, 4])
+    result = s.cache.match_prefix(RadixKey([1, 2, 3]), cow_mamba=True, req=req)
+    assert result.last_device_node is node
+    assert req.mamba_pool_idx is not None and int(req.mamba_pool_idx) != int(node.mamba_value[0])
+    assert s.mamba.mamba_cache.conv[:, req.mamba_pool_idx].eq(4.25).all()
+    assert s.free_counts() == (29, 6)
+
+
+def test_cow_mamba_into_an_existing_slot_copies_without_allocating(s):
+    s.insert([1, 2, 3])
+    node = s.cache.root_node.children[1]
+    s.mamba.fill(node.mamba_value, 2.0)
+    req = Req("r", [1, 2, 3, 4])
+    req.mamba_pool_idx = s.mamba.alloc(1)[0]
+    s.cache.match_prefix(RadixKey([1, 2, 3]), cow_mamba=True, req=req)
+    assert s.mamba.mamba_cache.temporal[:, req.mamba_pool_idx].eq(2.0).all()
+    assert s.free_counts() == (29, 6)
+
+
+def test_cow_mamba_without_a_holder_on_the_path_copies_nothing(s):
+    s.insert([1, 2, 3, 4])
+    req = Req("r", [1, 2, 5])
+    result = s.cache.match_prefix(RadixKey([1, 2]), cow_mamba=True, req=req)
+    assert result.last_device_node is s.cache.root_node
+    assert req.mamba_pool_idx is None
+
+
+def test_cow_mamba_with_a_full_pool_evicts_another_state(device):
+    s = Setup(device, mamba_size=2)
+    s.insert([1, 2])
+    s.insert([5, 6])
+    assert s.mamba.available_size() == 0
+    req = Req("r", [5, 6, 7])
+    result = s.cache.match_prefix(RadixKey([5, 6]), cow_mamba=True, req=req)
+    assert tuple(result.last_device_node.key.token_ids) == (5, 6)
+    assert s.shape() == {(5, 6): ("M", 0, 0)}
+    assert req.mamba_pool_idx is not None
+    assert s.free_counts() == (30, 0)
+
+
+def test_cow_mamba_with_a_full_pool_of_locked_states_raises(device):
+    s = Setup(device, mamba_size=1)
+    s.insert([1, 2])
+    node = s.cache.root_node.children[1]
+    with pytest.raises(MambaPoolExhaustedError, match=r"no Mamba slot for request 'r'"):
+        s.cache.match_prefix(RadixKey([1, 2]), cow_mamba=True, req=Req("r", [1, 2, 3]))
+    assert s.shape() == {(1, 2): ("M", 0, 0)}
+    assert node.full_lock_ref == 0
+
+
+def start_request(s, tokens, extra_key=None):
+    """What a scheduler does for a new request: match with cow, lock, request slot, KV, row."""
+    req = Req(f"req-{tokens}", tokens, extra_key)
+    req.fill_ids = list(tokens)
+    match = s.cache.match_prefix(RadixKey(tokens[:-1], extra_key), cow_mamba=True, req=req)
+    req.prefix_indices, req.last_node = match.device_indices, match.last_device_node
+    s.cache.inc_lock_ref(req.last_node)
+    (req.req_pool_idx,) = s.pool.alloc(1, [req])
+    prefix = len(req.prefix_indices)
+    new_kv = s.kv.alloc(len(tokens) - prefix)
+    s.pool.write((req.req_pool_idx, slice(0, prefix)), req.prefix_indices.to(torch.int32))
+    s.pool.write((req.req_pool_idx, slice(prefix, len(tokens))), new_kv.to(torch.int32))
+    return req
+
+
+def decode(s, req, token):
+    slot = s.kv.alloc(1)
+    position = len(req.origin_input_ids) + len(req.output_ids) - 1
+    s.pool.write((req.req_pool_idx, slice(position, position + 1)), slot.to(torch.int32))
+    req.output_ids.append(token)
+
+
+def test_chunked_prefill_caches_each_chunk_and_moves_the_lock(s):
+    tokens = [1, 2, 3, 4, 5, 6]
+    req = start_request(s, tokens)
+    req.fill_ids = tokens[:3]
+    s.cache.cache_unfinished_req(req, chunked=True)
+    assert s.shape() == {(1, 2, 3): ("M", 1, 1)}
+    assert len(req.prefix_indices) == 3
+    req.fill_ids = tokens
+    s.cache.cache_unfinished_req(req)
+    assert s.shape() == {(1, 2, 3): ("M", 1, 0), (1, 2, 3, 4, 5, 6): ("M", 1, 1)}
+    assert s.sizes() == (0, 6, 1, 1)
+    assert s.free_counts() == (26, 5)
+    row = s.pool.req_to_token[req.req_pool_idx, :6].tolist()
+    assert row == req.prefix_indices.tolist()
+    req.output_ids.append(7)
+    decode(s, req, 8)
+    s.cache.cache_finished_req(req)
+    assert s.shape() == {
+        (1, 2, 3): ("M", 0, 0),
+        (1, 2, 3, 4, 5, 6): ("M", 0, 0),
+        (1, 2, 3, 4, 5, 6, 7): ("M", 0, 0),
+    }
+    assert s.sizes() == (7, 0, 3, 0)
+    assert s.free_counts() == (25, 5)
+    assert s.pool.available_size() == 4
+
+
+def test_chunked_prefill_across_a_split_reuses_the_tree_slots(s):
+    s.insert([1, 2, 3, 4])
+    owned = s.cache.root_node.children[1].value.tolist()
+    req = start_request(s, [1, 2, 9, 9])
+    assert len(req.prefix_indices) == 0
+    req.fill_ids = [1, 2, 9]
+    s.cache.cache_unfinished_req(req, chunked=True)
+    assert s.shape() == {
+        (1, 2): ("T", 1, 0),
+        (1, 2, 3, 4): ("M", 0, 0),
+        (1, 2, 9): ("M", 1, 1),
+    }
+    assert req.prefix_indices.tolist()[:2] == owned[:2]
+    assert s.pool.req_to_token[req.req_pool_idx, :3].tolist() == req.prefix_indices.tolist()
+    assert s.free_counts() == (32 - 4 - 4 + 2, 8 - 1 - 2)
+
+
+def test_finished_request_with_a_cached_state_frees_its_own_mamba(s):
+    s.insert([1, 2, 3])
+    req = start_request(s, [1, 2, 3, 4])
+    req.output_ids.append(5)
+    before_mamba = s.mamba.available_size()
+    s.cache.cache_finished_req(req)
+    assert s.shape() == {(1, 2, 3): ("M", 0, 0), (1, 2, 3, 4): ("M", 0, 0)}
+    assert s.mamba.available_size() == before_mamba
+    req2 = start_request(s, [1, 2, 3, 4])
+    assert s.mamba.available_size() == before_mamba - 1
+    req2.output_ids.append(5)
+    s.cache.cache_finished_req(req2)
+    assert s.mamba.available_size() == before_mamba
+    assert s.shape() == {(1, 2, 3): ("M", 0, 0), (1, 2, 3, 4): ("M", 0, 0)}
+
+
+def test_scheduler_evicts_on_shortage_then_allocates(device):
+    s = Setup(device, kv_size=6)
+    s.insert([1, 2, 3])
+    s.insert([4, 5, 6])
+    assert s.kv.alloc(4) is None
+    s.cache.evict(4 - s.kv.available_size())
+    assert s.kv.available_size() >= 4
+    assert s.shape() == {}
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda s, n: s.cache.dec_lock_ref(n), r"dec_lock_ref on node \d+ whose Mamba state is not locked"),
+        (lambda s, n: s.cache.insert(RadixKey([1, 2, 3, 4, 5]), torch.tensor([1, 2]), torch.tensor([0])),
+         r"value has 2 KV slots but the key has 5 tokens"),
+        (lambda s, n: s.cache.insert(RadixKey([7]), torch.tensor([1])), r"mamba_value must be given"),
+        (lambda s, n: s.cache.insert(RadixKey([7]), torch.tensor([1]), torch.tensor([0, 1])),
+         r"exactly one Mamba slot, got 2"),
+        (lambda s, n: s.cache.match_prefix([1, 2]), r"expected a RadixKey, got list"),
+        (lambda s, n: s.cache.match_prefix(RadixKey([1]), cow_mamba=True), r"needs req="),
+        (lambda s, n: s.cache.inc_lock_ref("node"), r"inc_lock_ref on a node that is not in the tree: 'node'"),
+    ],
+)
+def test_misuse_is_refused_and_changes_nothing(s, call, message):
+    s.insert([1, 2, 3, 4])
+    s.cache.match_prefix(RadixKey([1, 2, 5]))
+    node = s.cache.root_node.children[1].children[3]
+    before = (s.shape(), s.sizes(), s.lru("full"), s.lru("mamba"), s.free_counts())
+    with pytest.raises(CacheMisuseError, match=message):
+        call(s, node)
+    assert (s.shape(), s.sizes(), s.lru("full"), s.lru("mamba"), s.free_counts()) == before
+
+
+def test_dec_lock_ref_on_a_path_not_locked_is_refused_before_any_change(s):
+    s.insert([1, 2])
+    node = s.cache.root_node.children[1]
+    s.cache.inc_lock_ref(node)
+    node.parent  # root
+    node.full_lock_ref = 0
+    with pytest.raises(CacheMisuseError, match=r"node \d+ on its path is not locked"):
+        s.cache.dec_lock_ref(node)
+    assert node.mamba_lock_ref == 1
+
+
+def test_evicted_node_is_refused_by_lock_calls(s):
+    s.insert([1, 2])
+    node = s.cache.root_node.children[1]
+    s.cache.evict(2)
+    with pytest.raises(CacheMisuseError, match=r"not in the tree"):
+        s.cache.inc_lock_ref(node)
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        ([1, "2"], r"token '2' at position 1 is not an integer"),
+        ([1.5], r"token 1.5 at position 0 is not an integer"),
+        ([True], r"token True at position 0 is a bool"),
+        (7, r"must be a sequence of ints, got 7"),
+    ],
+)
+def test_radix_key_refuses_non_integer_tokens(tokens, message):
+    with pytest.raises(CacheMisuseError, match=message):
+        RadixKey(tokens)
+
+
+def test_radix_key_accepts_integer_like_tokens_and_slices_keep_the_namespace():
+    key = RadixKey(torch.tensor([3, 4, 5]).tolist(), extra_key="x")
+    assert key[1:].token_ids == [4, 5] and key[1:].extra_key == "x"
+    assert key[0] == RadixKey([3], "x")
+    assert len(key) == 3 and list(key) == [3, 4, 5]
+    assert "extra_key='x'" in repr(key)
+
+
+def test_page_size_other_than_one_is_refused(device):
+    s = Setup(device)
+    with pytest.raises(CacheMisuseError, match=r"page_size=16"):
+        MambaRadixCache(s.pool, s.kv, page_size=16)
+
+
+def test_reset_forgets_the_tree(s):
+    s.insert([1, 2])
+    s.cache.reset()
+    assert s.shape() == {} and s.sizes() == (0, 0, 0, 0) and s.lru() == []
+
+
+def test_sanity_check_passes_and_format_tree_shows_locks_and_lru(s, capsys):
+    s.insert([1, 2, 3, 4])
+    s.cache.match_prefix(RadixKey([1, 2, 9]))
+    s.cache.sanity_check()
+    s.cache.pretty_print()
+    out = capsys.readouterr().out
+    assert "tombstone lock=0/0 lru=1/-" in out
+    assert "tokens=[3, 4] mamba=0 lock=0/0 lru=0/0" in out
+    assert "#full_tokens: 4, #mamba_num: 1" in out
+
+
+def test_sanity_check_reports_a_broken_counter(s):
+    from impl import CacheInvariantError
+
+    s.insert([1, 2])
+    s.cache.full_evictable_size_ += 1
+    with pytest.raises(CacheInvariantError, match=r"size counters"):
+        s.cache.sanity_check()
+
+
+def test_all_values_flatten_lists_every_slot(s):
+    s.insert([1, 2])
+    s.insert([1, 2, 3])
+    assert sorted(s.cache.all_values_flatten().tolist()) == [1, 2, 5]
+
+
+def test_disabled_cache_matches_nothing_and_frees_finished_requests(device):
+    s = Setup(device)
+    cache = MambaRadixCache(s.pool, s.kv, disable=True)
+    req = Req("r", [1, 2, 3])
+    assert cache.match_prefix(RadixKey([1, 2])).last_device_node is cache.root_node
+    (req.req_pool_idx,) = s.pool.alloc(1, [req])
+    kv = s.kv.alloc(3)
+    s.pool.write((req.req_pool_idx, slice(0, 3)), kv.to(torch.int32))
+    req.fill_ids = [1, 2, 3]
+    cache.cache_unfinished_req(req)
+    assert req.prefix_indices.tolist() == kv.tolist()
+    req.output_ids = [4]
+    cache.cache_finished_req(req)
+    assert s.free_counts() == (32, 8)
+    assert cache.insert(RadixKey([1]), torch.tensor([1]), torch.tensor([0])) == (0, False)
+    cache.evict(5)
+    cache.evict_mamba(5)
+    cache.inc_lock_ref(cache.root_node)
+    cache.dec_lock_ref(cache.root_node)
+
+
+def test_evictable_and_protected_size_tuples_point_to_the_split_api(s):
+    with pytest.raises(NotImplementedError, match="full_evictable_size"):
+        s.cache.evictable_size()
+    with pytest.raises(NotImplementedError, match="full_protected_size"):
+        s.cache.protected_size()
