@@ -1,0 +1,1 @@
+"""The verification harness: adapters, the paired scheduler driver, invariants, the state machine."""

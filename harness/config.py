@@ -1,0 +1,22 @@
+"""`CacheConfig`: the sizes and device one harness run builds its cache and pools with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Pool sizes and device for a cache under test (page size is always 1)."""
+
+    kv_size: int
+    mamba_size: int
+    req_size: int
+    max_context_len: int = 256
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("kv_size", "mamba_size", "req_size", "max_context_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"CacheConfig.{name} must be a positive int, got {value!r}")

@@ -1,0 +1,453 @@
+"""`PairedScheduler`: scheduler operations applied to the cache under test and the model at once.
+
+Each public method is one operation a serving scheduler performs (start a request, admit it,
+prefill a chunk, decode, finish, abort) or a direct cache call (evict, insert, match, lock). It
+makes the same calls SGLang's scheduler makes on the implementation, applies the model's twin,
+compares every return value, and raises `Divergence` at the first disagreement. `check()` then
+runs every invariant. Reach labels go to `on_event`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+from harness.adapters import ImplAdapter
+from harness.config import CacheConfig
+from harness.invariants import InvariantViolation, RequestHoldings, check_all
+from reference import ROOT, ModelMambaExhausted, ModelReq, ReferenceCache
+
+
+class Divergence(AssertionError):
+    """The implementation and the model disagreed about an operation's result."""
+
+    def __init__(self, operation: str, what: str, impl_value: Any, model_value: Any):
+        super().__init__(
+            f"{operation}: {what} differs: implementation gave {impl_value!r}, model expected {model_value!r}"
+        )
+        self.operation = operation
+        self.what = what
+
+
+@dataclass
+class LiveRequest:
+    """A request in flight: its implementation object, its model twin and its phase."""
+
+    rid: int
+    impl_req: Any
+    model_req: ModelReq
+    phase: str  # "waiting" (matched and locked), "prefill", "decode"
+    kv_len: int = 0  # positions of its row that hold KV
+
+
+@dataclass
+class Pin:
+    """A lock the harness took directly on a matched node."""
+
+    node: Any
+    path: Tuple
+
+
+class PairedScheduler:
+    """Drives one implementation adapter and one `ReferenceCache` with identical operations."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        adapter_factory: Callable[[CacheConfig], Any] = ImplAdapter,
+        on_event: Callable[[str], None] = lambda label: None,
+    ):
+        self.config = config
+        self.adapter = adapter_factory(config)
+        self.cache = self.adapter.cache
+        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size)
+        self.on_event = on_event
+        self.requests: Dict[int, LiveRequest] = {}
+        self.pins: List[Pin] = []
+        self._next_rid = 0
+        self._next_fingerprint = 1.0
+
+    # ----- helpers ----------------------------------------------------------------------------
+
+    def _agree(self, operation: str, what: str, impl_value: Any, model_value: Any) -> None:
+        if impl_value != model_value:
+            raise Divergence(operation, what, impl_value, model_value)
+
+    def _flush_model_events(self) -> None:
+        for label in self.model.events:
+            self.on_event(label)
+            if label in ("node split", "Mamba evicted from an internal node (tombstoned)"):
+                self.on_event("tombstone created")
+        self.model.events.clear()
+
+    def _fingerprint(self) -> float:
+        value = self._next_fingerprint
+        self._next_fingerprint += 1.0
+        return value
+
+    def _set_state(self, live: LiveRequest) -> None:
+        """A forward pass: the request's Mamba state becomes a fresh fingerprint."""
+        value = self._fingerprint()
+        slot = self.adapter.mamba_slot_of(live.impl_req)
+        self.adapter.mamba_pool.fill(self.adapter.indices([slot]), value)
+        self.model.mamba_fill(live.model_req.mamba_slot, value)
+
+    def _write_kv(self, slots: Sequence[int], tokens: Sequence[int]) -> None:
+        self.adapter.kv.write_payload(self.adapter.indices(slots), self.adapter.indices(tokens))
+
+    def _check_match(self, operation: str, tokens: Sequence[int], impl_indices, impl_node, model_kv, model_last):
+        got = tuple(impl_indices.tolist())
+        self._agree(operation, "matched KV slots", got, model_kv)
+        self._agree(operation, "last node", self.adapter.path_of(impl_node), model_last)
+        payload = self.adapter.kv.read_payload(impl_indices)[:, 0].tolist() if got else []
+        if payload != list(tokens[: len(got)]):
+            raise InvariantViolation(
+                "data_integrity",
+                f"{operation}: matched slots {list(got)} hold tokens {payload}, expected {list(tokens[: len(got)])}",
+            )
+
+    def _alloc_kv(self, operation: str, n: int) -> Optional[List[int]]:
+        """Allocate n KV slots as the scheduler does: evict n tokens first when short."""
+        if self.adapter.kv.available_size() < n:
+            self.cache.evict(n)
+            self.model.evict(n)
+            self._flush_model_events()
+            self.on_event("KV allocation short: evicted, then retried")
+        got = self.adapter.kv.alloc(n)
+        want = self.model.kv_alloc(n)
+        got_list = None if got is None else got.tolist()
+        self._agree(operation, "KV allocation", got_list, want)
+        if got_list is None:
+            self.on_event("KV allocation failed even after evicting")
+        return got_list
+
+    def _alloc_mamba(self, operation: str) -> Optional[int]:
+        if self.adapter.mamba_pool.available_size() < 1:
+            self.cache.evict_mamba(1)
+            self.model.evict_mamba(1)
+            self._flush_model_events()
+            self.on_event("Mamba allocation short: evicted, then retried")
+        got = self.adapter.mamba_pool.alloc(1)
+        want = self.model.mamba_alloc(1)
+        got_list = None if got is None else got.tolist()
+        self._agree(operation, "Mamba allocation", got_list, want)
+        return None if got_list is None else got_list[0]
+
+    def _release(self, live: LiveRequest) -> None:
+        """Drop a request that cannot go on: free what it owns and its lock, in both."""
+        owned = live.model_req.row
+        mine = [owned[i] for i in range(len(live.model_req.prefix), live.kv_len)]
+        if mine:
+            self.adapter.kv.free(self.adapter.indices(mine))
+            self.model.free_kv(mine)
+        if live.model_req.req_slot is not None:
+            self.adapter.req_pool.free(live.impl_req.req_pool_idx, free_mamba_cache=True)
+            self.model.req_free_slot(live.model_req, free_mamba=True)
+        elif live.model_req.mamba_slot is not None:
+            self.adapter.mamba_pool.free(self.adapter.indices([live.model_req.mamba_slot]))
+            self.model.free_mamba([live.model_req.mamba_slot])
+        self.cache.dec_lock_ref(live.impl_req.last_node)
+        self.model.dec_lock(live.model_req.last)
+        del self.requests[live.rid]
+
+    def _both_raise(self, operation: str, impl_call: Callable[[], Any], model_call: Callable[[], Any]) -> bool:
+        """Run both; True if both ran out of Mamba slots, a Divergence if only one did."""
+        impl_exhausted = model_exhausted = False
+        try:
+            impl_call()
+        except self.adapter.mamba_exhausted_error:
+            impl_exhausted = True
+        try:
+            model_call()
+        except ModelMambaExhausted:
+            model_exhausted = True
+        self._flush_model_events()
+        self._agree(operation, "Mamba pool exhausted", impl_exhausted, model_exhausted)
+        if impl_exhausted:
+            self.on_event("Mamba pool exhausted with every state locked")
+        return impl_exhausted
+
+    # ----- request lifecycle ------------------------------------------------------------------
+
+    def _match_and_lock(self, live: LiveRequest, cow: bool, operation: str) -> bool:
+        """Match the request's input (all but its last token), with cow if asked, and lock the
+        node found. False (and nothing locked) if the Mamba pool was exhausted in both."""
+        impl_req, model_req = live.impl_req, live.model_req
+        key = list(model_req.origin[:-1])
+        result: Dict[str, Any] = {}
+
+        def impl_call():
+            kwargs = {"cow_mamba": True, "req": impl_req} if cow else {}
+            result["impl"] = self.cache.match_prefix(self.adapter.key(key, model_req.extra_key), **kwargs)
+
+        def model_call():
+            result["model"] = self.model.match_for_request(model_req, tuple(key), cow)
+
+        if self._both_raise(operation, impl_call, model_call):
+            return False
+        match = result["impl"]
+        model_kv, model_last = result["model"]
+        self._check_match(operation, key, match.device_indices, match.last_device_node, model_kv, model_last)
+        self._agree(operation, "request's Mamba slot after cow", self.adapter.mamba_slot_of(impl_req), model_req.mamba_slot)
+        impl_req.prefix_indices = match.device_indices
+        impl_req.last_node = match.last_device_node
+        model_req.prefix, model_req.last = model_kv, model_last
+        self.cache.inc_lock_ref(impl_req.last_node)
+        self.model.inc_lock(model_last)
+        return True
+
+    def start_request(self, tokens: Sequence[int], extra_key: Hashable = None, cow: bool = True) -> Optional[int]:
+        """New request: match its input (all but the last token) with cow, lock the last node."""
+        operation = f"start_request({list(tokens)}, extra_key={extra_key!r}, cow={cow})"
+        if len(tokens) < 1:
+            raise ValueError(f"a request needs at least one input token, got {list(tokens)}")
+        rid = self._next_rid
+        self._next_rid += 1
+        live = LiveRequest(
+            rid,
+            self.adapter.new_req(rid, tokens, extra_key),
+            ModelReq(rid=rid, origin=tuple(tokens), extra_key=extra_key),
+            "waiting",
+        )
+        if not self._match_and_lock(live, cow, operation):
+            return None
+        self.requests[rid] = live
+        return rid
+
+    def rematch(self, rid: int) -> None:
+        """A request still waiting is matched again, as SGLang's scheduler does every round:
+        its lock moves to the node now found, and cow copies into the slot it already has."""
+        live = self.requests[rid]
+        operation = f"rematch(rid={rid})"
+        if live.phase != "waiting":
+            raise ValueError(f"{operation}: request {rid} is {live.phase}, not waiting")
+        self.cache.dec_lock_ref(live.impl_req.last_node)
+        self.model.dec_lock(live.model_req.last)
+        if not self._match_and_lock(live, True, operation):
+            if live.model_req.mamba_slot is not None:
+                self.adapter.mamba_pool.free(self.adapter.indices([live.model_req.mamba_slot]))
+                self.model.free_mamba([live.model_req.mamba_slot])
+            del self.requests[rid]
+
+    def admit(self, rid: int, chunk: int, first_output: int = 0) -> bool:
+        """Give a waiting request its request slot (evicting a Mamba state when short, as
+        SGLang's alloc_req_slots does), write its prefix row and prefill its first chunk."""
+        live = self.requests[rid]
+        operation = f"admit(rid={rid}, chunk={chunk})"
+        if live.phase != "waiting":
+            raise ValueError(f"{operation}: request {rid} is {live.phase}, not waiting")
+        if self.adapter.mamba_pool.available_size() < 1:
+            self.cache.evict_mamba(1)
+            self.model.evict_mamba(1)
+            self._flush_model_events()
+        got = self.adapter.req_pool.alloc(1, [live.impl_req])
+        want = self.model.req_alloc(live.model_req)
+        self._agree(operation, "request slot", None if got is None else got[0], want)
+        if got is None:
+            self.on_event("request slot allocation failed")
+            return False
+        live.impl_req.req_pool_idx = got[0]
+        self._agree(operation, "request's Mamba slot", self.adapter.mamba_slot_of(live.impl_req), live.model_req.mamba_slot)
+        prefix = live.model_req.prefix
+        if prefix:
+            self.adapter.req_pool.write((got[0], slice(0, len(prefix))), live.impl_req.prefix_indices.to(self.adapter.req_pool.req_to_token.dtype))
+        live.model_req.row = dict(enumerate(prefix))
+        live.kv_len = len(prefix)
+        live.phase = "prefill"
+        if not self.prefill_chunk(rid, chunk, first_output):
+            self.adapter.req_pool.free(got[0], free_mamba_cache=False)
+            self.model.req_free_slot(live.model_req, free_mamba=False)
+            live.impl_req.req_pool_idx = None
+            live.phase = "waiting"
+            return False
+        return True
+
+    def prefill_chunk(self, rid: int, chunk: int, first_output: int = 0) -> bool:
+        """Compute the next `chunk` input tokens; cache them (chunked) or, when the input is
+        done, emit the first output token and cache the whole input (non-chunked)."""
+        live = self.requests[rid]
+        operation = f"prefill_chunk(rid={rid}, chunk={chunk})"
+        if live.phase != "prefill":
+            raise ValueError(f"{operation}: request {rid} is {live.phase}, not in prefill")
+        origin = live.model_req.origin
+        n = max(1, min(chunk, len(origin) - live.kv_len))
+        slots = self._alloc_kv(operation, n)
+        if slots is None:
+            return False
+        start = live.kv_len
+        self.adapter.req_pool.write(
+            (live.impl_req.req_pool_idx, slice(start, start + n)),
+            self.adapter.indices(slots).to(self.adapter.req_pool.req_to_token.dtype),
+        )
+        for offset, slot in enumerate(slots):
+            live.model_req.row[start + offset] = slot
+        self._write_kv(slots, origin[start : start + n])
+        live.kv_len += n
+        self._set_state(live)
+        done = live.kv_len == len(origin)
+        live.impl_req.fill_ids = list(origin[: live.kv_len])
+        live.model_req.fill = tuple(origin[: live.kv_len])
+        if done:
+            live.impl_req.output_ids.append(first_output)
+            live.model_req.output.append(first_output)
+            live.phase = "decode"
+        else:
+            self.on_event("chunked prefill step")
+        if self._both_raise(
+            operation,
+            lambda: self.cache.cache_unfinished_req(live.impl_req, chunked=not done),
+            lambda: self.model.cache_unfinished_req(live.model_req),
+        ):
+            self._release(live)
+            return True
+        self._agree(operation, "prefix after caching", tuple(live.impl_req.prefix_indices.tolist()), live.model_req.prefix)
+        self._agree(operation, "last node after caching", self.adapter.path_of(live.impl_req.last_node), live.model_req.last)
+        return True
+
+    def decode(self, rid: int, token: int) -> bool:
+        """One decode step: a KV slot for the last output token, then a new output token."""
+        live = self.requests[rid]
+        operation = f"decode(rid={rid}, token={token})"
+        if live.phase != "decode":
+            raise ValueError(f"{operation}: request {rid} is {live.phase}, not decoding")
+        slots = self._alloc_kv(operation, 1)
+        if slots is None:
+            return False
+        position = live.kv_len
+        self.adapter.req_pool.write(
+            (live.impl_req.req_pool_idx, slice(position, position + 1)),
+            self.adapter.indices(slots).to(self.adapter.req_pool.req_to_token.dtype),
+        )
+        live.model_req.row[position] = slots[0]
+        self._write_kv(slots, [live.model_req.output[-1]])
+        live.kv_len += 1
+        self._set_state(live)
+        live.impl_req.output_ids.append(token)
+        live.model_req.output.append(token)
+        return True
+
+    def finish(self, rid: int) -> None:
+        """The request is done: cache_finished_req."""
+        live = self.requests[rid]
+        if live.phase != "decode":
+            raise ValueError(f"finish(rid={rid}): request {rid} is {live.phase}, not decoding")
+        self.cache.cache_finished_req(live.impl_req)
+        self.model.cache_finished_req(live.model_req)
+        self._flush_model_events()
+        del self.requests[rid]
+
+    def abort(self, rid: int) -> None:
+        """A waiting request is cancelled: its lock and its own Mamba slot are released."""
+        live = self.requests[rid]
+        if live.phase != "waiting":
+            raise ValueError(f"abort(rid={rid}): request {rid} is {live.phase}, not waiting")
+        self._release(live)
+
+    # ----- direct cache calls -----------------------------------------------------------------
+
+    def evict(self, num_tokens: int) -> None:
+        self.cache.evict(num_tokens)
+        self.model.evict(num_tokens)
+        self._flush_model_events()
+
+    def evict_mamba(self, num: int) -> None:
+        self.cache.evict_mamba(num)
+        self.model.evict_mamba(num)
+        self._flush_model_events()
+
+    def insert(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
+        """Raw insert with fresh KV and a fresh Mamba state; the caller frees what the tree
+        did not take (the cached prefix's slots, and the state if one existed)."""
+        operation = f"insert({list(tokens)}, extra_key={extra_key!r})"
+        kv = self._alloc_kv(operation, len(tokens))
+        if kv is None:
+            return
+        mamba = self._alloc_mamba(operation)
+        if mamba is None:
+            self.adapter.kv.free(self.adapter.indices(kv))
+            self.model.free_kv(kv)
+            return
+        self._write_kv(kv, tokens)
+        value = self._fingerprint()
+        self.adapter.mamba_pool.fill(self.adapter.indices([mamba]), value)
+        self.model.mamba_fill(mamba, value)
+        got = self.cache.insert(self.adapter.key(tokens, extra_key), self.adapter.indices(kv), self.adapter.indices([mamba]))
+        want = self.model.insert(tuple(tokens), extra_key, tuple(kv), mamba)
+        self._flush_model_events()
+        self._agree(operation, "(prefix_len, mamba_exist)", tuple(got), want)
+        prefix_len, exist = want
+        if prefix_len:
+            self.adapter.kv.free(self.adapter.indices(kv[:prefix_len]))
+            self.model.free_kv(kv[:prefix_len])
+        if exist:
+            self.adapter.mamba_pool.free(self.adapter.indices([mamba]))
+            self.model.free_mamba([mamba])
+
+    def match(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
+        operation = f"match({list(tokens)}, extra_key={extra_key!r})"
+        result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
+        model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
+        self._flush_model_events()
+        self._check_match(operation, tokens, result.device_indices, result.last_device_node, model_kv, model_last)
+
+    def lock(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
+        """Match and lock the matched node (as a scheduler holding a prefix would)."""
+        operation = f"lock({list(tokens)}, extra_key={extra_key!r})"
+        result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
+        model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
+        self._flush_model_events()
+        self._check_match(operation, tokens, result.device_indices, result.last_device_node, model_kv, model_last)
+        self.cache.inc_lock_ref(result.last_device_node)
+        self.model.inc_lock(model_last)
+        self.pins.append(Pin(result.last_device_node, model_last))
+
+    def unlock(self, index: int) -> None:
+        pin = self.pins.pop(index)
+        self.cache.dec_lock_ref(pin.node)
+        self.model.dec_lock(pin.path)
+
+    def unlock_unlocked(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
+        """Misuse: dec_lock_ref on a matched node that is not locked must be refused, and the
+        cache must be exactly as before."""
+        operation = f"unlock_unlocked({list(tokens)}, extra_key={extra_key!r})"
+        result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
+        model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
+        self._flush_model_events()
+        self._check_match(operation, tokens, result.device_indices, result.last_device_node, model_kv, model_last)
+        if model_last == ROOT or self.model.can_dec_lock(model_last):
+            return
+        before = self.adapter.snapshot()
+        try:
+            self.cache.dec_lock_ref(result.last_device_node)
+        except self.adapter.misuse_error:
+            self.on_event("misuse refused")
+        else:
+            raise Divergence(operation, "dec_lock_ref on an unlocked node", "accepted", "refused")
+        self._agree(operation, "state after the refused call", self.adapter.snapshot(), before)
+
+    # ----- checks -----------------------------------------------------------------------------
+
+    def holdings(self) -> List[RequestHoldings]:
+        out = []
+        for live in self.requests.values():
+            row = live.model_req.row
+            owned = tuple(row[i] for i in range(len(live.model_req.prefix), live.kv_len))
+            out.append(RequestHoldings(live.rid, owned, live.model_req.mamba_slot, live.model_req.req_slot))
+            if live.model_req.req_slot is not None:
+                got = self.adapter.req_row(live.impl_req.req_pool_idx, live.kv_len)
+                want = [row[i] for i in range(live.kv_len)]
+                if got != want:
+                    raise InvariantViolation(
+                        "pool_conservation", f"request {live.rid}'s req_to_token row is {got}, expected {want}"
+                    )
+        return out
+
+    def check(self) -> None:
+        """Every invariant, recomputed from the implementation's state."""
+        check_all(
+            self.adapter.snapshot(),
+            self.model,
+            self.holdings(),
+            self.adapter.kv_payload(),
+            self.adapter.mamba_states(),
+        )

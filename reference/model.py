@@ -1,0 +1,411 @@
+"""The executable specification of the hybrid radix cache: a dict from path to record.
+
+A node is named by its *path*: `(extra_key, tokens)` with `tokens` every token from the root to
+the node's end. Parent, children, segments and LRU order are all derived from the dict, never
+stored. The pools are FIFO free lists, so the model predicts the exact slots every call hands
+out. Each rule of SGLang 0.5.4's `MambaRadixCache` is followed literally (including its eviction
+walks) and marked with a `# rule:` line. No code is shared with `impl/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Hashable, List, Optional, Tuple
+
+Path = Tuple[Hashable, Tuple[int, ...]]
+ROOT: Path = (None, ())
+
+
+class ModelMambaExhausted(Exception):
+    """The model says: no Mamba slot even after evict_mamba (the seed's assert fires)."""
+
+
+@dataclass
+class Record:
+    kv: Tuple[int, ...]  # KV slot of each token of this node's segment
+    mamba: Optional[int]  # Mamba slot, None for a tombstone
+    kv_lock: int = 0
+    mamba_lock: int = 0
+    full_tick: int = 0
+    mamba_tick: int = 0
+
+
+@dataclass
+class ModelReq:
+    """A request as the model sees it; `row` is its req_to_token row (KV slot per position)."""
+
+    rid: int
+    origin: Tuple[int, ...]
+    extra_key: Hashable = None
+    output: List[int] = field(default_factory=list)
+    fill: Tuple[int, ...] = ()
+    req_slot: Optional[int] = None
+    mamba_slot: Optional[int] = None
+    prefix: Tuple[int, ...] = ()
+    last: Path = ROOT
+    row: Dict[int, int] = field(default_factory=dict)
+
+
+def _lcp(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class ReferenceCache:
+    """Model of the cache plus its three pools."""
+
+    def __init__(self, kv_size: int, mamba_size: int, req_size: int):
+        self.nodes: Dict[Path, Record] = {}
+        self.kv_free: List[int] = list(range(1, kv_size + 1))  # rule: slot 0 is padding, never free
+        self.mamba_free: List[int] = list(range(mamba_size))
+        self.req_free: List[int] = list(range(req_size))
+        self.mamba_state: Dict[int, float] = {}  # expected state of each Mamba slot (absent = 0)
+        self.clock = 0
+        self.events: List[str] = []  # reach labels of the rules that fired, for the harness
+
+    def note(self, label: str) -> None:
+        self.events.append(label)
+
+    # ----- derived structure ------------------------------------------------------------------
+
+    def parent(self, path: Path) -> Path:
+        """rule: a node's parent is the longest proper prefix that is a node (else the root)."""
+        extra, tokens = path
+        for cut in range(len(tokens) - 1, 0, -1):
+            if (extra, tokens[:cut]) in self.nodes:
+                return (extra, tokens[:cut])
+        return ROOT
+
+    def children(self, path: Path) -> List[Path]:
+        return [p for p in self.nodes if self.parent(p) == path]
+
+    def ancestors_and_self(self, path: Path) -> List[Path]:
+        """`path` and every ancestor up to (excluding) the root, deepest first."""
+        out = []
+        while path != ROOT:
+            out.append(path)
+            path = self.parent(path)
+        return out
+
+    def is_leaf(self, path: Path) -> bool:
+        return not self.children(path)
+
+    def full_order(self) -> List[Path]:
+        """rule: full LRU list = every node, most recently used first."""
+        return sorted(self.nodes, key=lambda p: -self.nodes[p].full_tick)
+
+    def mamba_order(self) -> List[Path]:
+        """rule: Mamba LRU list = every Mamba holder, most recently used first."""
+        holders = [p for p, r in self.nodes.items() if r.mamba is not None]
+        return sorted(holders, key=lambda p: -self.nodes[p].mamba_tick)
+
+    def kv_of(self, path: Path) -> Tuple[int, ...]:
+        """KV slots of every token from the root to the end of `path`."""
+        return tuple(s for p in reversed(self.ancestors_and_self(path)) for s in self.nodes[p].kv)
+
+    def sizes(self) -> Tuple[int, int, int, int]:
+        """rule: evictable = unlocked, protected = locked; KV counts tokens, Mamba counts states."""
+        recs = self.nodes.values()
+        return (
+            sum(len(r.kv) for r in recs if r.kv_lock == 0),
+            sum(len(r.kv) for r in recs if r.kv_lock > 0),
+            sum(1 for r in recs if r.mamba is not None and r.mamba_lock == 0),
+            sum(1 for r in recs if r.mamba is not None and r.mamba_lock > 0),
+        )
+
+    # ----- LRU bookkeeping --------------------------------------------------------------------
+
+    def _tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def _touch_full(self, path: Path) -> None:
+        self.nodes[path].full_tick = self._tick()
+
+    def _touch_mamba(self, path: Path) -> None:
+        self.nodes[path].mamba_tick = self._tick()
+
+    def _touch_path(self, path: Path) -> None:
+        """rule: a matched node and its ancestors become MRU, the node ahead of its parents."""
+        chain = list(reversed(self.ancestors_and_self(path)))
+        for p in chain:
+            self._touch_full(p)
+        for p in chain:
+            if self.nodes[p].mamba is not None:  # rule: tombstones are not in the Mamba list
+                self._touch_mamba(p)
+
+    # ----- tree operations --------------------------------------------------------------------
+
+    def _child_towards(self, at: Path, extra: Hashable, tokens: Tuple[int, ...]) -> Optional[Path]:
+        depth = len(at[1])
+        for p in self.children(at):
+            if p[0] == extra and p[1][depth] == tokens[depth]:
+                return p
+        return None
+
+    def _split(self, path: Path, keep: int) -> Path:
+        """rule: cutting a node after `keep` tokens of its segment makes a tombstone upper part
+        with the node's KV lock; the lower part keeps its path, Mamba state and locks."""
+        self.note("node split")
+        rec = self.nodes[path]
+        upper = (path[0], path[1][: len(self.parent(path)[1]) + keep])
+        self.nodes[upper] = Record(kv=rec.kv[:keep], mamba=None, kv_lock=rec.kv_lock)
+        rec.kv = rec.kv[keep:]
+        self._touch_full(upper)  # rule: upper inserted MRU, then the lower part ahead of it
+        self._touch_full(path)
+        if rec.mamba is not None:
+            self._touch_mamba(path)
+        return upper
+
+    def match_prefix(self, tokens: Tuple[int, ...], extra: Hashable) -> Tuple[Tuple[int, ...], Path]:
+        """rule: walk the key, splitting a partially matched node; answer the deepest Mamba
+        holder on the walked path and its KV; refresh it and its ancestors."""
+        if not tokens:
+            return (), ROOT  # rule: empty key matches nothing and touches nothing
+        at = ROOT
+        while True:
+            child = self._child_towards(at, extra, tokens) if len(at[1]) < len(tokens) else None
+            if child is None:
+                break
+            common = _lcp(child[1], tokens)
+            if common < len(child[1]):
+                at = self._split(child, common - len(at[1]))
+                break
+            at = child
+        best = next((p for p in self.ancestors_and_self(at) if self.nodes[p].mamba is not None), ROOT)
+        self._touch_path(best)
+        return self.kv_of(best) if best != ROOT else (), best
+
+    def insert(self, tokens: Tuple[int, ...], extra: Hashable, kv: Tuple[int, ...], mamba: int) -> Tuple[int, bool]:
+        """rule: walk the key refreshing each node (splitting where it diverges); add the rest
+        as a new holder leaf, or make the end node a holder, or report that it already is one."""
+        if not tokens:
+            return 0, True  # rule: empty key inserts nothing and reports the state as present
+        at = ROOT
+        prefix_len = 0
+        while len(at[1]) < len(tokens):
+            child = self._child_towards(at, extra, tokens)
+            if child is None:
+                break
+            self._touch_full(child)
+            if self.nodes[child].mamba is not None:
+                self._touch_mamba(child)
+            common = _lcp(child[1], tokens)
+            prefix_len += common - len(at[1])
+            at = self._split(child, common - len(at[1])) if common < len(child[1]) else child
+        if len(at[1]) < len(tokens):
+            path = (extra, tokens)
+            self.nodes[path] = Record(kv=kv[len(at[1]):], mamba=mamba)
+            self._touch_full(path)
+            self._touch_mamba(path)
+            return prefix_len, False
+        rec = self.nodes[at]
+        if rec.mamba is None:
+            self.note("insert onto a tombstone")
+            rec.mamba = mamba  # rule: inserting onto a tombstone makes it a holder again
+            self._touch_mamba(at)
+            return prefix_len, False
+        self._touch_mamba(at)  # rule: the state already exists; caller keeps its own
+        self.note("mamba_exist=True")
+        return prefix_len, True
+
+    def inc_lock(self, path: Path) -> None:
+        """rule: lock KV on the node and every ancestor, Mamba on the node alone (if a holder)."""
+        if path != ROOT and self.nodes[path].mamba is not None:
+            self.nodes[path].mamba_lock += 1
+        for p in self.ancestors_and_self(path):
+            self.nodes[p].kv_lock += 1
+
+    def can_dec_lock(self, path: Path) -> bool:
+        """rule: unlocking needs a Mamba lock on a holder and a KV lock all the way up."""
+        if path == ROOT:
+            return True
+        rec = self.nodes[path]
+        if rec.mamba is not None and rec.mamba_lock <= 0:
+            return False
+        return all(self.nodes[p].kv_lock > 0 for p in self.ancestors_and_self(path))
+
+    def dec_lock(self, path: Path) -> None:
+        """rule: undo one inc_lock; refused (and nothing changes) when not locked."""
+        if not self.can_dec_lock(path):
+            raise ValueError(f"dec_lock on unlocked path {path}")
+        if path != ROOT and self.nodes[path].mamba is not None:
+            self.nodes[path].mamba_lock -= 1
+        for p in self.ancestors_and_self(path):
+            self.nodes[p].kv_lock -= 1
+
+    # ----- eviction (the seed's walks, literally) ---------------------------------------------
+
+    def _next_in_full(self, after_tick: int, want) -> Optional[Path]:
+        """The least recent node newer than `after_tick` (any node if -1) satisfying `want`."""
+        for p in reversed(self.full_order()):
+            if self.nodes[p].full_tick > after_tick and want(p):
+                return p
+        return None
+
+    def _next_in_mamba(self, after_tick: int) -> Optional[Path]:
+        for p in reversed(self.mamba_order()):
+            if self.nodes[p].mamba_tick > after_tick and self.nodes[p].mamba_lock == 0:
+                return p
+        return None
+
+    def _unlocked_leaf(self, p: Path) -> bool:
+        return self.nodes[p].kv_lock == 0 and self.is_leaf(p)
+
+    def _evict_leaf(self, path: Path) -> Tuple[int, Path]:
+        """rule: an evicted leaf frees its KV and state, then every tombstone ancestor it leaves
+        as an unlocked leaf goes too. Returns KV tokens freed and the last node deleted."""
+        rec = self.nodes[path]
+        assert rec.kv_lock == 0 and rec.mamba_lock == 0 and rec.mamba is not None
+        self.free_kv(rec.kv)
+        self.free_mamba([rec.mamba])
+        freed = len(rec.kv)
+        del self.nodes[path]
+        last = path
+        parent = self.parent(path)
+        while parent != ROOT and self.nodes[parent].mamba is None and self.is_leaf(parent) and self.nodes[parent].kv_lock == 0:
+            self.note("cascade deletion of a tombstone ancestor")
+            self.free_kv(self.nodes[parent].kv)
+            freed += len(self.nodes[parent].kv)
+            grand = self.parent(parent)
+            del self.nodes[parent]
+            last, parent = parent, grand
+        return freed, last
+
+    def evict(self, num_tokens: int) -> None:
+        """rule: free LRU unlocked leaves (with their tombstone ancestors) until enough tokens;
+        after a deletion leaves the parent childless, restart from the LRU end."""
+        if num_tokens <= 0:
+            return
+        freed = 0
+        x = self._next_in_full(-1, self._unlocked_leaf)
+        while freed < num_tokens and x is not None:
+            x_next = self._next_in_full(self.nodes[x].full_tick, self._unlocked_leaf)
+            got, last = self._evict_leaf(x)
+            freed += got
+            parent = self.parent(last)
+            if not self.children(parent):
+                x_next = self._next_in_full(-1, self._unlocked_leaf)
+            x = x_next
+
+    def evict_mamba(self, num: int) -> None:
+        """rule: take the LRU holder whose state is unlocked: tombstone it if internal, evict it
+        if a leaf; repeat until `num` states are freed."""
+        if num <= 0:
+            return
+        freed = 0
+        x = self._next_in_mamba(-1)
+        while freed < num and x is not None:
+            x_next = self._next_in_mamba(self.nodes[x].mamba_tick)
+            if self.children(x):
+                self.note("Mamba evicted from an internal node (tombstoned)")
+                self.free_mamba([self.nodes[x].mamba])
+                self.nodes[x].mamba = None
+            else:
+                self._evict_leaf(x)
+            freed += 1
+            x = x_next
+
+    # ----- pools ------------------------------------------------------------------------------
+
+    def kv_alloc(self, n: int) -> Optional[List[int]]:
+        """rule: KV pool hands out the head of its free list, or nothing when short."""
+        if n > len(self.kv_free):
+            return None
+        out, self.kv_free = self.kv_free[:n], self.kv_free[n:]
+        return out
+
+    def free_kv(self, slots) -> None:
+        self.kv_free.extend(slots)  # rule: freed slots go to the tail
+
+    def mamba_alloc(self, n: int) -> Optional[List[int]]:
+        if n > len(self.mamba_free):
+            return None
+        out, self.mamba_free = self.mamba_free[:n], self.mamba_free[n:]
+        return out
+
+    def free_mamba(self, slots) -> None:
+        for s in slots:
+            self.mamba_state.pop(s, None)  # rule: freeing a Mamba slot zeroes its state
+        self.mamba_free.extend(slots)
+
+    def mamba_fill(self, slot: int, value: float) -> None:
+        self.mamba_state[slot] = value
+
+    def mamba_copy(self, src: int, dst: int) -> None:
+        if src in self.mamba_state:
+            self.mamba_state[dst] = self.mamba_state[src]
+        else:
+            self.mamba_state.pop(dst, None)
+
+    def req_alloc(self, req: ModelReq) -> Optional[int]:
+        """rule: a request slot, plus a Mamba slot for a request without one; all or nothing."""
+        if not self.req_free or (req.mamba_slot is None and not self.mamba_free):
+            return None
+        if req.mamba_slot is None:
+            req.mamba_slot = self.mamba_alloc(1)[0]
+        req.req_slot = self.req_free.pop(0)
+        return req.req_slot
+
+    def req_free_slot(self, req: ModelReq, free_mamba: bool) -> None:
+        self.req_free.append(req.req_slot)
+        if free_mamba:
+            self.free_mamba([req.mamba_slot])
+        req.req_slot = None
+
+    # ----- request-level twins ----------------------------------------------------------------
+
+    def match_for_request(self, req: ModelReq, key: Tuple[int, ...], cow: bool) -> Tuple[Tuple[int, ...], Path]:
+        """rule: match; with cow, copy the matched state into the request's own Mamba slot,
+        allocating one (evicting one state, the matched node protected) if it has none."""
+        kv, last = self.match_prefix(key, req.extra_key)
+        if cow and last != ROOT:
+            src = self.nodes[last].mamba
+            self.note("cow into a new slot" if req.mamba_slot is None else "cow into an existing slot")
+            if req.mamba_slot is None:
+                got = self.mamba_alloc(1)
+                if got is None:
+                    self.inc_lock(last)
+                    self.evict_mamba(1)
+                    got = self.mamba_alloc(1)
+                    self.dec_lock(last)
+                    if got is None:
+                        raise ModelMambaExhausted()
+                req.mamba_slot = got[0]
+            self.mamba_copy(src, req.mamba_slot)
+        return kv, last
+
+    def cache_unfinished_req(self, req: ModelReq) -> None:
+        """rule: insert fill with the request's KV and a fork of its state; free the request's
+        duplicate KV (and the fork if a state existed); re-match and move the lock there."""
+        tokens = req.fill
+        kv = tuple(req.row[i] for i in range(len(tokens)))
+        fork = self.mamba_alloc(1)
+        if fork is None:
+            self.evict_mamba(1)
+            fork = self.mamba_alloc(1)
+            if fork is None:
+                raise ModelMambaExhausted()
+        self.mamba_copy(req.mamba_slot, fork[0])
+        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, fork[0])
+        self.free_kv(kv[len(req.prefix):new_prefix_len])
+        if exist:
+            self.free_mamba(fork)
+        new_kv, new_last = self.match_prefix(tokens, req.extra_key)
+        for i in range(len(req.prefix), len(new_kv)):
+            req.row[i] = new_kv[i]
+        self.dec_lock(req.last)
+        self.inc_lock(new_last)
+        req.prefix, req.last = new_kv, new_last
+
+    def cache_finished_req(self, req: ModelReq) -> None:
+        """rule: insert (input + output)[:-1] with the request's KV and its own state; free the
+        duplicate KV, the request slot, and the state if one already existed; unlock."""
+        tokens = (req.origin + tuple(req.output))[:-1]
+        kv = tuple(req.row[i] for i in range(len(tokens)))
+        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, req.mamba_slot)
+        self.free_kv(kv[len(req.prefix):new_prefix_len])
+        self.req_free_slot(req, free_mamba=exist)
+        self.dec_lock(req.last)

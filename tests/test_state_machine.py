@@ -1,0 +1,15 @@
+"""The state machine against `impl`, one test per scenario so `pytest -n auto` spreads them.
+
+Sizes (examples, steps) come from the Hypothesis profile: `--hypothesis-profile dev|ci|nightly`.
+"""
+
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness.machine import machine_for
+from strategies import SCENARIOS
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS), ids=str)
+def test_impl_agrees_with_the_model(scenario, device):
+    run_state_machine_as_test(machine_for(SCENARIOS[scenario], device=str(device)))
