@@ -24,9 +24,6 @@ class EvictionQueue:
         self._is_candidate = is_candidate
         self._heap: list[tuple[int, int, Any]] = []
 
-    def __len__(self) -> int:
-        return len(self._heap)
-
     def offer(self, node: Any, tick: int) -> None:
         """Record that `node`, stamped `tick`, may be a candidate."""
         heapq.heappush(self._heap, (tick, node.id, node))

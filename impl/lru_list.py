@@ -55,13 +55,6 @@ class LRUList:
     def __len__(self) -> int:
         return self._size
 
-    def __contains__(self, node: Any) -> bool:
-        return self._link(node).linked
-
-    def tick_of(self, node: Any) -> int:
-        """The tick stamped when `node` was last placed at the head."""
-        return self._link(node).tick
-
     def insert_mru(self, node: Any) -> None:
         """Add a node that is not in the list as most recently used."""
         link = self._link(node)

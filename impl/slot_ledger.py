@@ -56,10 +56,6 @@ class SlotLedger:
     def on_reset(self) -> None:
         self._allocated.zero_()
 
-    def allocated(self) -> torch.Tensor:
-        """Indices currently handed out, ascending."""
-        return torch.nonzero(self._allocated).reshape(-1)
-
 
 def debug_default(device: torch.device) -> bool:
     """Checking mode is on by default except on `cuda`, where it would sync on every call."""

@@ -52,10 +52,6 @@ class TreeNode:
     def evicted(self) -> bool:
         return not self.in_tree
 
-    @property
-    def is_tombstone(self) -> bool:
-        return self.mamba_value is None
-
     def __repr__(self) -> str:
         state = "tombstone" if self.mamba_value is None else f"mamba={int(self.mamba_value[0])}"
         return (

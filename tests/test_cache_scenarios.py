@@ -544,3 +544,71 @@ def test_evictable_and_protected_size_tuples_point_to_the_split_api(s):
         s.cache.evictable_size()
     with pytest.raises(NotImplementedError, match="full_protected_size"):
         s.cache.protected_size()
+
+
+def test_sanity_check_names_each_broken_invariant(s):
+    from impl import CacheInvariantError
+
+    s.insert([1, 2])
+    s.insert([1, 2, 3, 4])
+    upper = s.cache.root_node.children[1]
+    leaf = upper.children[3]
+
+    leaf.full_lock_ref = 1
+    with pytest.raises(CacheInvariantError, match=r"is locked but its parent \d+ is not"):
+        s.cache.sanity_check()
+    leaf.full_lock_ref, leaf.mamba_lock_ref = 0, 1
+    with pytest.raises(CacheInvariantError, match=r"full_lock_ref=0, mamba_lock_ref=1"):
+        s.cache.sanity_check()
+    leaf.mamba_lock_ref = 0
+    s.cache.mamba_lru_list.remove(leaf)
+    with pytest.raises(CacheInvariantError, match=r"mamba LRU list does not hold exactly its 2 nodes"):
+        s.cache.sanity_check()
+    leaf.mamba_value = None
+    with pytest.raises(CacheInvariantError, match=r"leaf node \d+ is a tombstone"):
+        s.cache.sanity_check()
+    with pytest.raises(CacheInvariantError, match=r"not an unlocked Mamba leaf"):
+        s.cache.evict(2)
+
+
+def test_request_calls_refuse_requests_without_slot_or_lock(s):
+    s.insert([1, 2, 3])
+    req = Req("r", [1, 2, 3, 4])
+    req.last_node = s.cache.root_node
+    with pytest.raises(CacheMisuseError, match=r"request 'r' has no request slot"):
+        s.cache.cache_finished_req(req)
+    req.req_pool_idx = 0
+    req.last_node = s.cache.root_node.children[1]
+    with pytest.raises(CacheMisuseError, match=r"does not hold a lock on its last node"):
+        s.cache.cache_unfinished_req(req)
+    with pytest.raises(CacheMisuseError, match=r"already has request slot 0"):
+        s.cache.match_prefix(RadixKey([1, 2, 3]), cow_mamba=True, req=req)
+    assert s.shape() == {(1, 2, 3): ("M", 0, 0)}
+
+
+def test_insert_without_value_uses_the_token_ids(s):
+    mamba = s.mamba.alloc(1)
+    assert s.cache.insert(RadixKey([5, 6]), mamba_value=mamba) == (0, False)
+    assert s.cache.root_node.children[5].value.tolist() == [5, 6]
+
+
+def test_match_length_refuses_mixed_namespaces():
+    from impl.radix_key import match_length
+
+    with pytest.raises(CacheMisuseError, match=r"different extra keys: 'a' != None"):
+        match_length(RadixKey([1], "a"), RadixKey([1]))
+
+
+def test_radix_key_equality_and_hash():
+    assert RadixKey([1, 2], "x") == RadixKey([1, 2], "x")
+    assert hash(RadixKey([1, 2], "x")) == hash(RadixKey([1, 2], "x"))
+    assert RadixKey([1]) != [1]
+
+
+def test_evicted_property_follows_the_node_out_of_the_tree(s):
+    s.insert([1, 2])
+    node = s.cache.root_node.children[1]
+    assert not node.evicted
+    s.cache.evict(2)
+    assert node.evicted
+    assert "tombstone" not in repr(node)

@@ -255,3 +255,67 @@ def test_pools_live_on_cuda_and_skip_debug_syncs():
     assert kv.debug is False and pool.debug is False
     assert kv.alloc(2).device.type == "cuda"
     assert pool.mamba_pool.alloc(1).device.type == "cuda"
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: MambaPool(0), r"Mamba pool size must be a positive int, got 0"),
+        (lambda: MambaPool(2, num_layers=0), r"num_layers must be positive, got 0"),
+        (lambda: HybridReqToTokenPool(0, 2, 8), r"request pool size must be a positive int, got 0"),
+        (lambda: HybridReqToTokenPool(2, 2, 0), r"max_context_len must be a positive int, got 0"),
+    ],
+)
+def test_bad_pool_construction_is_named(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_mamba_pool_takes_index_lists_and_ignores_empty_frees(device):
+    pool = MambaPool(3, device, debug=True)
+    pool.alloc(2)
+    pool.free([])
+    pool.free([1, 0])
+    assert pool.free_slots.tolist() == [2, 1, 0]
+    with pytest.raises(ValueError, match=r"non-negative int, got -2"):
+        pool.alloc(-2)
+
+
+def test_pools_without_debug_skip_the_ledger(device):
+    kv = TokenToKVPoolAllocator(3, device=device, debug=False)
+    assert kv.alloc(2).tolist() == [1, 2]
+    kv.clear()
+    pool = HybridReqToTokenPool(2, 2, 8, device=device, debug=False)
+    (slot,) = pool.alloc(1, [Req("a", [1])])
+    pool.free([slot])
+    pool.free(slot)
+    assert pool.available_size() == 3
+    pool.clear()
+    pool.mamba_pool.clear()
+    assert pool.available_size() == 2
+
+
+def test_ledger_refuses_a_slot_handed_out_twice(device):
+    pool = MambaPool(3, device, debug=True)
+    pool.alloc(1)
+    pool.free_slots = torch.tensor([0, 1], device=device)
+    with pytest.raises(SlotError, match=r"slot\(s\) \[0\] handed out twice"):
+        pool.alloc(1)
+
+
+def test_kv_extras_behave_as_sglang(device):
+    kv = TokenToKVPoolAllocator(3, device=device, kvcache="kv-buffers", need_sort=True, debug=True)
+    assert kv.get_kvcache() == "kv-buffers"
+    kv.merge_and_sort_free()
+    assert kv.free_pages.tolist() == [1, 2, 3]
+    kv.free_group_begin()
+    kv.free_group_end()
+    kv.free(torch.empty((0,), dtype=torch.int64, device=device))
+    assert kv.available_size() == 3
+
+
+def test_req_pool_alloc_of_nothing_gives_nothing(device):
+    pool = HybridReqToTokenPool(2, 2, 8, device=device, debug=True)
+    assert pool.alloc(0) == []
+    pool.free([])
+    assert pool.available_size() == 2

@@ -1,0 +1,92 @@
+"""Unit tests of the intrusive LRU list and the eviction queue it answers from."""
+
+import pytest
+
+from impl.lru_list import Link, LRUList
+
+
+class Item:
+    def __init__(self, id, evictable=True):
+        self.id = id
+        self.link = Link(self)
+        self.evictable = evictable
+
+
+def make(evictable=lambda item: item.evictable):
+    return LRUList("link", "test", evictable)
+
+
+def order(lst):
+    return [item.id for item in lst.iter_mru_to_lru()]
+
+
+def test_insert_reset_remove_keep_mru_first_and_links_consistent():
+    lst = make()
+    a, b, c = Item(1), Item(2), Item(3)
+    for item in (a, b, c):
+        lst.insert_mru(item)
+    assert order(lst) == [3, 2, 1] and len(lst) == 3
+    lst.reset_mru(a)
+    assert order(lst) == [1, 3, 2]
+    lst.remove(c)
+    assert order(lst) == [1, 2] and len(lst) == 2 and not c.link.linked
+    assert lst.links_consistent()
+
+
+def test_reset_path_puts_the_first_element_most_recent():
+    lst = make()
+    items = [Item(i) for i in range(4)]
+    for item in items:
+        lst.insert_mru(item)
+    lst.reset_path_mru([items[0], items[1]])
+    assert order(lst) == [0, 1, 3, 2]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda lst, x, y: lst.insert_mru(x), r"node 1 is already in the test LRU list"),
+    (lambda lst, x, y: lst.reset_mru(y), r"node 2 is not in the test LRU list"),
+    (lambda lst, x, y: lst.remove(y), r"node 2 is not in the test LRU list"),
+])
+def test_misuse_names_the_node(call, message):
+    lst = make()
+    inside, outside = Item(1), Item(2)
+    lst.insert_mru(inside)
+    with pytest.raises(ValueError, match=message):
+        call(lst, inside, outside)
+
+
+def test_links_consistent_detects_a_broken_back_link_and_tick_order():
+    lst = make()
+    a, b = Item(1), Item(2)
+    lst.insert_mru(a)
+    lst.insert_mru(b)
+    a.link.prev = a.link
+    assert not lst.links_consistent()
+    a.link.prev = b.link
+    a.link.tick = b.link.tick + 1
+    assert not lst.links_consistent()
+
+
+def test_pop_lru_evictable_skips_members_that_are_not_evictable_in_lru_order():
+    lst = make()
+    items = [Item(i, evictable=(i % 2 == 0)) for i in range(6)]
+    for item in items:
+        lst.insert_mru(item)
+    assert lst.pop_lru_evictable().id == 0
+    lst.remove(items[0])
+    lst.reset_mru(items[2])
+    assert lst.pop_lru_evictable().id == 4
+    items[1].evictable = True
+    lst.note_maybe_evictable(items[1])
+    assert lst.pop_lru_evictable().id == 1
+
+
+def test_eviction_queue_drops_stale_offers_when_compacting():
+    lst = make()
+    item = Item(1)
+    lst.insert_mru(item)
+    for _ in range(500):
+        lst.reset_mru(item)
+    assert len(lst._queue._heap) <= 2 * len(lst) + 65
+    assert lst.pop_lru_evictable() is item
+    assert lst.pop_lru_evictable() is None
