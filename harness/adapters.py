@@ -107,6 +107,9 @@ class ImplAdapter:
             req_size=self.config.req_size,
         )
 
+    def format_tree(self) -> str:
+        return self.cache.format_tree()
+
     def kv_payload(self) -> List[int]:
         """Payload (the token id written there) of every KV slot 0..size."""
         return self.kv.payload[:, 0].tolist()

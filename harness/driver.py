@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 from harness.adapters import ImplAdapter
 from harness.config import CacheConfig
 from harness.invariants import InvariantViolation, RequestHoldings, check_all
+from harness.operations import OperationError, check_arguments
 from reference import ROOT, ModelMambaExhausted, ModelReq, ReferenceCache
 
 
@@ -64,8 +65,15 @@ class PairedScheduler:
         self.on_event = on_event
         self.requests: Dict[int, LiveRequest] = {}
         self.pins: List[Pin] = []
+        self.operations: List[Dict[str, Any]] = []  # every operation applied, in trace form
         self._next_rid = 0
         self._next_fingerprint = 1.0
+
+    def apply(self, op: str, **args: Any) -> Any:
+        """Record one operation of the vocabulary (`harness.operations`) and run it."""
+        check_arguments(op, args)
+        self.operations.append({"op": op, "args": dict(args)})
+        return getattr(self, op)(**args)
 
     # ----- helpers ----------------------------------------------------------------------------
 
@@ -167,6 +175,15 @@ class PairedScheduler:
             self.on_event("Mamba pool exhausted with every state locked")
         return impl_exhausted
 
+    def _live(self, rid: int, phase: str, operation: str) -> LiveRequest:
+        """The live request `rid`, which must be in `phase` (else the operation does not fit)."""
+        live = self.requests.get(rid)
+        if live is None:
+            raise OperationError("args.rid", f"{operation}: no live request {rid} (live: {sorted(self.requests)})")
+        if live.phase != phase:
+            raise OperationError("args.rid", f"{operation}: request {rid} is {live.phase}, not {phase}")
+        return live
+
     # ----- request lifecycle ------------------------------------------------------------------
 
     def _match_and_lock(self, live: LiveRequest, cow: bool, operation: str) -> bool:
@@ -200,7 +217,7 @@ class PairedScheduler:
         """New request: match its input (all but the last token) with cow, lock the last node."""
         operation = f"start_request({list(tokens)}, extra_key={extra_key!r}, cow={cow})"
         if len(tokens) < 1:
-            raise ValueError(f"a request needs at least one input token, got {list(tokens)}")
+            raise OperationError("args.tokens", f"a request needs at least one input token, got {list(tokens)}")
         rid = self._next_rid
         self._next_rid += 1
         live = LiveRequest(
@@ -217,10 +234,8 @@ class PairedScheduler:
     def rematch(self, rid: int) -> None:
         """A request still waiting is matched again, as SGLang's scheduler does every round:
         its lock moves to the node now found, and cow copies into the slot it already has."""
-        live = self.requests[rid]
         operation = f"rematch(rid={rid})"
-        if live.phase != "waiting":
-            raise ValueError(f"{operation}: request {rid} is {live.phase}, not waiting")
+        live = self._live(rid, "waiting", operation)
         self.cache.dec_lock_ref(live.impl_req.last_node)
         self.model.dec_lock(live.model_req.last)
         if not self._match_and_lock(live, True, operation):
@@ -232,10 +247,8 @@ class PairedScheduler:
     def admit(self, rid: int, chunk: int, first_output: int = 0) -> bool:
         """Give a waiting request its request slot (evicting a Mamba state when short, as
         SGLang's alloc_req_slots does), write its prefix row and prefill its first chunk."""
-        live = self.requests[rid]
         operation = f"admit(rid={rid}, chunk={chunk})"
-        if live.phase != "waiting":
-            raise ValueError(f"{operation}: request {rid} is {live.phase}, not waiting")
+        live = self._live(rid, "waiting", operation)
         if self.adapter.mamba_pool.available_size() < 1:
             self.cache.evict_mamba(1)
             self.model.evict_mamba(1)
@@ -265,10 +278,8 @@ class PairedScheduler:
     def prefill_chunk(self, rid: int, chunk: int, first_output: int = 0) -> bool:
         """Compute the next `chunk` input tokens; cache them (chunked) or, when the input is
         done, emit the first output token and cache the whole input (non-chunked)."""
-        live = self.requests[rid]
         operation = f"prefill_chunk(rid={rid}, chunk={chunk})"
-        if live.phase != "prefill":
-            raise ValueError(f"{operation}: request {rid} is {live.phase}, not in prefill")
+        live = self._live(rid, "prefill", operation)
         origin = live.model_req.origin
         n = max(1, min(chunk, len(origin) - live.kv_len))
         slots = self._alloc_kv(operation, n)
@@ -306,10 +317,8 @@ class PairedScheduler:
 
     def decode(self, rid: int, token: int) -> bool:
         """One decode step: a KV slot for the last output token, then a new output token."""
-        live = self.requests[rid]
         operation = f"decode(rid={rid}, token={token})"
-        if live.phase != "decode":
-            raise ValueError(f"{operation}: request {rid} is {live.phase}, not decoding")
+        live = self._live(rid, "decode", operation)
         slots = self._alloc_kv(operation, 1)
         if slots is None:
             return False
@@ -328,9 +337,7 @@ class PairedScheduler:
 
     def finish(self, rid: int) -> None:
         """The request is done: cache_finished_req."""
-        live = self.requests[rid]
-        if live.phase != "decode":
-            raise ValueError(f"finish(rid={rid}): request {rid} is {live.phase}, not decoding")
+        live = self._live(rid, "decode", f"finish(rid={rid})")
         self.cache.cache_finished_req(live.impl_req)
         self.model.cache_finished_req(live.model_req)
         self._flush_model_events()
@@ -338,9 +345,7 @@ class PairedScheduler:
 
     def abort(self, rid: int) -> None:
         """A waiting request is cancelled: its lock and its own Mamba slot are released."""
-        live = self.requests[rid]
-        if live.phase != "waiting":
-            raise ValueError(f"abort(rid={rid}): request {rid} is {live.phase}, not waiting")
+        live = self._live(rid, "waiting", f"abort(rid={rid})")
         self._release(live)
 
     # ----- direct cache calls -----------------------------------------------------------------
@@ -402,6 +407,8 @@ class PairedScheduler:
         self.pins.append(Pin(result.last_device_node, model_last))
 
     def unlock(self, index: int) -> None:
+        if index >= len(self.pins):
+            raise OperationError("args.index", f"unlock: no pin {index} (pins held: {len(self.pins)})")
         pin = self.pins.pop(index)
         self.cache.dec_lock_ref(pin.node)
         self.model.dec_lock(pin.path)

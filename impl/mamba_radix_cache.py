@@ -7,6 +7,7 @@ and that misuse raises `CacheMisuseError` before anything changes.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -72,7 +73,8 @@ class MambaRadixCache:
 
     def reset(self) -> None:
         """Forget the whole tree (the pools are the caller's to clear)."""
-        self.root_node = TreeNode(RadixKey([]), self._empty_indices())
+        self._node_ids = itertools.count()
+        self.root_node = TreeNode(next(self._node_ids), RadixKey([]), self._empty_indices())
         self.root_node.full_lock_ref = 1
         self.root_node.mamba_lock_ref = 1
         self.full_evictable_size_ = 0
@@ -483,7 +485,7 @@ class MambaRadixCache:
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """Cut `child` after `split_len` tokens; the new upper node is a tombstone."""
         parent = child.parent
-        upper = TreeNode(child.key[:split_len], child.value[:split_len], parent)
+        upper = TreeNode(next(self._node_ids), child.key[:split_len], child.value[:split_len], parent)
         upper.full_lock_ref = child.full_lock_ref
         lower_key = child.key[split_len:]
         upper.children[child_key(lower_key)] = child
@@ -521,7 +523,7 @@ class MambaRadixCache:
                 next_child = child_key(key)
 
         if len(key):
-            leaf = TreeNode(key, value, node)
+            leaf = TreeNode(next(self._node_ids), key, value, node)
             leaf.mamba_value = mamba_value
             node.children[next_child] = leaf
             self.full_evictable_size_ += len(value)

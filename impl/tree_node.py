@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Dict, Hashable, Optional
 
 import torch
 
 from impl.lru_list import Link
 from impl.radix_key import RadixKey
-
-_node_ids = itertools.count()
 
 
 class TreeNode:
@@ -19,6 +16,7 @@ class TreeNode:
     `value` holds one KV slot per token of `key`; `mamba_value` (shape [1]) the Mamba state after
     the node's last token, or None for a tombstone. `full_lock_ref` counts locks on the node or its
     descendants; `mamba_lock_ref` counts locks on the node itself while it holds a Mamba state.
+    `id` is unique within one cache (numbered per cache, so runs are reproducible).
     """
 
     __slots__ = (
@@ -35,8 +33,8 @@ class TreeNode:
         "in_tree",
     )
 
-    def __init__(self, key: RadixKey, value: torch.Tensor, parent: Optional["TreeNode"] = None):
-        self.id = next(_node_ids)
+    def __init__(self, node_id: int, key: RadixKey, value: torch.Tensor, parent: Optional["TreeNode"] = None):
+        self.id = node_id
         self.parent = parent
         self.children: Dict[Hashable, TreeNode] = {}
         self.key = key

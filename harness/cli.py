@@ -1,0 +1,128 @@
+"""`python -m harness`: the command line.
+
+  replay FILE [--impl impl|MODULE:CLASS] [--device cpu|cuda] [--verbose] [--to-pytest]
+
+Exit status: 0 when the trace replays with every check passing, 1 when it fails (the report
+says where and why), 2 when the command or the trace file is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import sys
+from typing import Any, Callable, List, Optional, TextIO
+
+from harness.adapters import ImplAdapter
+from harness.config import CacheConfig
+from harness.driver import Divergence
+from harness.invariants import InvariantViolation
+from harness.trace import Trace, TraceError, Verdict, load_trace, replay
+
+
+class UsageError(Exception):
+    """A command-line argument that cannot be used; the message says which and why."""
+
+
+def adapter_for(impl: str) -> Callable[[CacheConfig], Any]:
+    """`impl` (this repository's cache) or `MODULE:CLASS`, a `MambaRadixCache` subclass."""
+    if impl == "impl":
+        return ImplAdapter
+    module_name, _, class_name = impl.partition(":")
+    if not module_name or not class_name:
+        raise UsageError(f"--impl must be 'impl' or MODULE:CLASS, got {impl!r}")
+    try:
+        cache_class = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--impl {impl}: cannot load it ({exc})") from None
+    return functools.partial(ImplAdapter, cache_class=cache_class)
+
+
+def _call(entry) -> str:
+    args = ", ".join(f"{k}={v!r}" for k, v in entry["args"].items())
+    return f"{entry['op']}({args})"
+
+
+def explain(verdict: Verdict) -> str:
+    """The failure in plain words: what the model expected, what the implementation did."""
+    failure, exc = verdict.failure, verdict.error
+    where = "before the first operation" if failure.step < 0 else f"at step {failure.step}"
+    if isinstance(exc, Divergence):
+        return (
+            f"FAILED {where}: the implementation and the model disagree.\n"
+            f"  {exc}\n"
+            f"  (the model is the specification: the implementation's answer is the wrong one)"
+        )
+    if isinstance(exc, InvariantViolation):
+        return f"FAILED {where}: invariant '{exc.check}' broke.\n  {exc.message}"
+    return (
+        f"FAILED {where}: the implementation raised {type(exc).__name__} where the model "
+        f"expected the operation to succeed.\n  {exc}"
+    )
+
+
+def to_pytest(trace: Trace, name: str) -> str:
+    """The trace as a standalone pytest function."""
+    lines = [
+        "from harness.config import CacheConfig",
+        "from harness.driver import PairedScheduler",
+        "",
+        "",
+        f"def test_{name}():",
+        f"    driver = PairedScheduler(CacheConfig(**{json.dumps(trace.config.__dict__)}))",
+        "    driver.check()",
+    ]
+    for entry in trace.operations:
+        lines.append(f"    driver.{_call(entry)}")
+        lines.append("    driver.check()")
+    return "\n".join(lines) + "\n"
+
+
+def run_replay(args, out: TextIO) -> int:
+    trace = load_trace(args.file)
+    adapter = adapter_for(args.impl)
+    if args.to_pytest:
+        stem = "".join(c if c.isalnum() else "_" for c in args.file.rsplit("/", 1)[-1].removesuffix(".json"))
+        out.write(to_pytest(trace, f"replay_{stem}"))
+        return 0
+
+    def show(step: int, entry, driver) -> None:
+        out.write(f"step {step}: {_call(entry)}\n")
+        if args.verbose:
+            for line in driver.adapter.format_tree().splitlines():
+                out.write(f"    {line}\n")
+
+    out.write(f"replaying {args.file}: {len(trace.operations)} operations against {args.impl} on {args.device or trace.config.device}\n")
+    verdict = replay(trace, adapter, device=args.device, on_step=show, source=args.file)
+    if verdict.ok:
+        out.write(f"OK: all {verdict.steps_run} operations replayed, every invariant held\n")
+        return 0
+    failing = trace.operations[verdict.failure.step] if verdict.failure.step >= 0 else None
+    if failing is not None:
+        out.write(f"step {verdict.failure.step}: {_call(failing)}\n")
+    out.write(explain(verdict) + "\n")
+    return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description="Hybrid radix cache harness")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rp = sub.add_parser("replay", help="replay a trace file with every invariant checked")
+    rp.add_argument("file")
+    rp.add_argument("--impl", default="impl", help="impl (default) or MODULE:CLASS, a MambaRadixCache subclass")
+    rp.add_argument("--device", default=None, help="torch device (default: the trace's)")
+    rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
+    rp.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function")
+    rp.set_defaults(run=run_replay)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args, out)
+    except (TraceError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
