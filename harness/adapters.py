@@ -36,7 +36,7 @@ class ImplAdapter:
             debug=True,
         )
         self.mamba_pool = self.req_pool.mamba_pool
-        self.cache = cache_class(self.req_pool, self.kv, page_size=1)
+        self.cache = cache_class(self.req_pool, self.kv, page_size=config.page_size)
         self.device = torch.device(config.device)
 
     def version(self) -> str:

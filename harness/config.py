@@ -7,15 +7,18 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Pool sizes and device for a cache under test (page size is always 1)."""
+    """Pool sizes, device and page size (always 1) for a cache under test."""
 
     kv_size: int
     mamba_size: int
     req_size: int
     max_context_len: int = 256
     device: str = "cpu"
+    page_size: int = 1
 
     def __post_init__(self):
+        if self.page_size != 1:
+            raise ValueError(f"CacheConfig.page_size must be 1 (the only size supported), got {self.page_size!r}")
         for name in ("kv_size", "mamba_size", "req_size", "max_context_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -388,23 +388,23 @@ class PairedScheduler:
             self.adapter.mamba_pool.free(self.adapter.indices([mamba]))
             self.model.free_mamba([mamba])
 
-    def match(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
-        operation = f"match({list(tokens)}, extra_key={extra_key!r})"
+    def _paired_match(self, operation: str, tokens: Sequence[int], extra_key: Hashable) -> Tuple[Any, Tuple]:
+        """A plain match (no cow) in both, compared; returns (implementation node, model path)."""
         result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
         model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
         self._flush_model_events()
         self._check_match(operation, tokens, result.device_indices, result.last_device_node, model_kv, model_last)
+        return result.last_device_node, model_last
+
+    def match(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
+        self._paired_match(f"match({list(tokens)}, extra_key={extra_key!r})", tokens, extra_key)
 
     def lock(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
         """Match and lock the matched node (as a scheduler holding a prefix would)."""
-        operation = f"lock({list(tokens)}, extra_key={extra_key!r})"
-        result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
-        model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
-        self._flush_model_events()
-        self._check_match(operation, tokens, result.device_indices, result.last_device_node, model_kv, model_last)
-        self.cache.inc_lock_ref(result.last_device_node)
-        self.model.inc_lock(model_last)
-        self.pins.append(Pin(result.last_device_node, model_last))
+        node, path = self._paired_match(f"lock({list(tokens)}, extra_key={extra_key!r})", tokens, extra_key)
+        self.cache.inc_lock_ref(node)
+        self.model.inc_lock(path)
+        self.pins.append(Pin(node, path))
 
     def unlock(self, index: int) -> None:
         if index >= len(self.pins):
@@ -417,15 +417,12 @@ class PairedScheduler:
         """Misuse: dec_lock_ref on a matched node that is not locked must be refused, and the
         cache must be exactly as before."""
         operation = f"unlock_unlocked({list(tokens)}, extra_key={extra_key!r})"
-        result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
-        model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
-        self._flush_model_events()
-        self._check_match(operation, tokens, result.device_indices, result.last_device_node, model_kv, model_last)
-        if model_last == ROOT or self.model.can_dec_lock(model_last):
+        node, path = self._paired_match(operation, tokens, extra_key)
+        if path == ROOT or self.model.can_dec_lock(path):
             return
         before = self.adapter.snapshot()
         try:
-            self.cache.dec_lock_ref(result.last_device_node)
+            self.cache.dec_lock_ref(node)
         except self.adapter.misuse_error:
             self.on_event("misuse refused")
         else:

@@ -165,6 +165,27 @@ class Verdict:
         return self.failure is None
 
 
+def judge(trace: Trace, verdict: Verdict) -> Optional[str]:
+    """Why a replay's outcome is wrong for its trace, or None when it is as expected.
+
+    A trace must pass, unless it records a known failure: then it must fail with the check it
+    recorded, and passing means the bug is fixed and the trace should be promoted.
+    """
+    if not trace.known_failure:
+        if verdict.ok:
+            return None
+        return f"failed at step {verdict.failure.step}: {verdict.failure.message}"
+    if verdict.ok:
+        return (
+            f"is marked as a known failure ({trace.known_failure}) but now passes: "
+            f"clear known_failure to promote it to a regression test"
+        )
+    recorded = trace.failure.check if trace.failure else None
+    if recorded is not None and verdict.failure.check != recorded:
+        return f"fails with {verdict.failure.check}, but the known failure recorded {recorded}"
+    return None
+
+
 def replay(
     trace: Trace,
     adapter_factory: Callable[[CacheConfig], Any] = ImplAdapter,

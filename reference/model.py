@@ -310,21 +310,23 @@ class ReferenceCache:
 
     # ----- pools ------------------------------------------------------------------------------
 
-    def kv_alloc(self, n: int) -> Optional[List[int]]:
-        """rule: KV pool hands out the head of its free list, or nothing when short."""
-        if n > len(self.kv_free):
+    @staticmethod
+    def _take(free: List[int], n: int) -> Optional[List[int]]:
+        """rule: a pool hands out the head of its free list, or nothing (and no change) when short."""
+        if n > len(free):
             return None
-        out, self.kv_free = self.kv_free[:n], self.kv_free[n:]
+        out = free[:n]
+        del free[:n]
         return out
+
+    def kv_alloc(self, n: int) -> Optional[List[int]]:
+        return self._take(self.kv_free, n)
 
     def free_kv(self, slots) -> None:
         self.kv_free.extend(slots)  # rule: freed slots go to the tail
 
     def mamba_alloc(self, n: int) -> Optional[List[int]]:
-        if n > len(self.mamba_free):
-            return None
-        out, self.mamba_free = self.mamba_free[:n], self.mamba_free[n:]
-        return out
+        return self._take(self.mamba_free, n)
 
     def free_mamba(self, slots) -> None:
         for s in slots:

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from harness.trace import load_trace, replay
+from harness.trace import judge, load_trace, replay
 
 HERE = os.path.dirname(__file__)
 TRACES = sorted(glob.glob(os.path.join(HERE, "regressions", "**", "*.json"), recursive=True))
@@ -19,17 +19,9 @@ TRACES = sorted(glob.glob(os.path.join(HERE, "regressions", "**", "*.json"), rec
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, os.path.join(HERE, "regressions")))
 def test_trace_replays(path, device):
     trace = load_trace(path)
-    verdict = replay(trace, device=str(device), source=path)
-    if trace.known_failure:
-        if verdict.ok:
-            pytest.fail(f"{path} is marked as a known failure ({trace.known_failure}) but now passes: "
-                        f"clear known_failure to promote it to a regression test")
-        recorded = trace.failure.check if trace.failure else None
-        assert recorded is None or verdict.failure.check == recorded, (
-            f"{path} fails differently than recorded: {verdict.failure.check} != {recorded}"
-        )
-    else:
-        assert verdict.ok, f"{path} failed at step {verdict.failure.step}: {verdict.failure.message}"
+    problem = judge(trace, replay(trace, device=str(device), source=path))
+    if problem:
+        pytest.fail(f"{path} {problem}")
 
 
 def test_the_hard_scenarios_are_recorded():

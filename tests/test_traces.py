@@ -15,7 +15,7 @@ from broken_impls import SplitOffByOne
 from harness import cli
 from harness.adapters import ImplAdapter
 from harness.machine import machine_for
-from harness.trace import TraceError, load_trace, parse_trace, replay
+from harness.trace import Failure, TraceError, Verdict, judge, load_trace, parse_trace, replay
 from strategies import SCENARIOS
 
 HERE = os.path.dirname(__file__)
@@ -141,3 +141,17 @@ def test_unreadable_files_exit_2_with_one_line(tmp_path, content, message):
 def test_cli_refuses_an_unloadable_impl():
     result = run_cli("replay", GOOD, "--impl", "nowhere:Cache")
     assert result.returncode == 2 and "--impl nowhere:Cache: cannot load it" in result.stderr
+
+
+def test_judge_expects_a_pass_unless_a_known_failure_is_recorded():
+    trace = load_trace(GOOD)
+    passed = Verdict(3)
+    failed = Verdict(2, Failure("trees_equal", "differ", 1))
+    assert judge(trace, passed) is None
+    assert judge(trace, failed) == "failed at step 1: differ"
+    trace.known_failure = "split loses a slot (bug #12)"
+    trace.failure = Failure("trees_equal", "differ", 1)
+    assert judge(trace, failed) is None
+    assert "now passes: clear known_failure to promote it" in judge(trace, passed)
+    other = Verdict(2, Failure("sizes", "off", 1))
+    assert judge(trace, other) == "fails with sizes, but the known failure recorded trees_equal"
