@@ -10,39 +10,11 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis import settings
 
-_STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+from harness.profiles import register_profiles
 
-settings.register_profile(
-    "dev",
-    parent=settings.get_profile("default"),
-    max_examples=40,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=_STATEFUL_HEALTH,
-)
-settings.register_profile(
-    "ci",
-    parent=settings.get_profile("ci"),
-    max_examples=60,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=_STATEFUL_HEALTH,
-)
-settings.register_profile(
-    "nightly",
-    parent=settings.get_profile("default"),
-    max_examples=2000,
-    stateful_step_count=200,
-    deadline=None,
-    derandomize=False,
-    database=DirectoryBasedExampleDatabase(
-        os.environ.get("HARNESS_DB", os.path.join(os.path.dirname(__file__), ".hypothesis", "examples"))
-    ),
-    suppress_health_check=_STATEFUL_HEALTH,
-)
+register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

@@ -118,12 +118,12 @@ class ImplAdapter:
         """Per Mamba slot: its state value if every element agrees, else None."""
         cache = self.mamba_pool.mamba_cache
         size = self.config.mamba_size
-        rows = torch.cat(
-            (cache.conv[:, :size].reshape(cache.conv.shape[0], size, -1),
-             cache.temporal[:, :size].reshape(cache.temporal.shape[0], size, -1)),
-            dim=2,
-        ).transpose(0, 1).reshape(size, -1)
-        low, high = rows.min(dim=1).values.tolist(), rows.max(dim=1).values.tolist()
+        lows, highs = [], []
+        for state in (cache.conv, cache.temporal):
+            low, high = torch.aminmax(state[:, :size].transpose(0, 1).reshape(size, -1), dim=1)
+            lows.append(low)
+            highs.append(high)
+        low, high = torch.minimum(*lows).tolist(), torch.maximum(*highs).tolist()
         return [lo if lo == hi else None for lo, hi in zip(low, high)]
 
     def req_row(self, req_slot: int, length: int) -> List[int]:

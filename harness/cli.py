@@ -1,9 +1,13 @@
 """`python -m harness`: the command line.
 
+  fuzz [--minutes M | --seconds S] [--device] [--impl] [--profile] [--config NAME ...] [--seed N]
+       [--db DIR|redis://host:port/n] [--report FILE] [--engine hypothesis|random] [--workers N]
+       [--fail-fast]
   replay FILE [--impl impl|MODULE:CLASS] [--device cpu|cuda] [--verbose] [--to-pytest]
 
-Exit status: 0 when the trace replays with every check passing, 1 when it fails (the report
-says where and why), 2 when the command or the trace file is unusable.
+Exit status: 0 when the fuzz found nothing / the trace replays with every check passing, 1 when
+something failed (the report says where and why), 2 when the command or a file is unusable.
+With no arguments, `python -m harness` runs a one-minute fuzz (the main job).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import functools
 import importlib
 import json
+import os
 import sys
 from typing import Any, Callable, List, Optional, TextIO
 
@@ -106,9 +111,54 @@ def run_replay(args, out: TextIO) -> int:
     return 1
 
 
+def run_fuzz(args, out: TextIO) -> int:
+    from harness.fuzz import FuzzOptions, fuzz
+    from strategies import SCENARIOS
+
+    seconds = args.seconds if args.seconds is not None else 60.0 * (args.minutes if args.minutes is not None else 1.0)
+    options = FuzzOptions(
+        seconds=seconds,
+        impl=args.impl,
+        profile=args.profile,
+        configs=args.config or sorted(SCENARIOS),
+        seed=args.seed,
+        db=args.db,
+        report=args.report,
+        engine=args.engine,
+        workers=args.workers if args.workers is not None else (os.cpu_count() or 1),
+        fail_fast=args.fail_fast,
+    )
+    if args.device:
+        options.device = args.device
+    if args.trace_dir:
+        options.trace_dir = args.trace_dir
+    adapter_for(options.impl)
+    try:
+        report = fuzz(options, out)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return 1 if report["failures"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Hybrid radix cache harness")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")
+    fz = sub.add_parser("fuzz", help="fuzz a cache against the model for a time budget (the main job)")
+    budget = fz.add_mutually_exclusive_group()
+    budget.add_argument("--minutes", type=float, help="time budget in minutes (default 1)")
+    budget.add_argument("--seconds", type=float, help="time budget in seconds")
+    fz.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    fz.add_argument("--impl", default="impl", help="impl (default) or MODULE:CLASS, a MambaRadixCache subclass")
+    fz.add_argument("--profile", default="nightly", help="Hypothesis profile for program length (dev, ci, nightly)")
+    fz.add_argument("--config", action="append", help="configuration to fuzz (repeatable; default: rotate through all)")
+    fz.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
+    fz.add_argument("--db", default=None, help="example database: a directory (default .hypothesis/fuzz) or redis://host:port/n")
+    fz.add_argument("--report", default=None, help="write a JSON report here")
+    fz.add_argument("--engine", default="hypothesis", help="hypothesis (default) or random")
+    fz.add_argument("--workers", type=int, default=None, help="processes sharing the database (default: one per core)")
+    fz.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
+    fz.add_argument("--trace-dir", default=None, help="where failure traces go (default tests/regressions/pending)")
+    fz.set_defaults(run=run_fuzz)
     rp = sub.add_parser("replay", help="replay a trace file with every invariant checked")
     rp.add_argument("file")
     rp.add_argument("--impl", default="impl", help="impl (default) or MODULE:CLASS, a MambaRadixCache subclass")
@@ -120,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv or ["fuzz"])
     try:
         return args.run(args, out)
     except (TraceError, UsageError) as exc:

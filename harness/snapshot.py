@@ -7,13 +7,12 @@ checks never call the implementation's `sanity_check`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Hashable, List, Optional, Tuple
+from typing import Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 Path = Tuple[Hashable, Tuple[int, ...]]
 
 
-@dataclass(frozen=True)
-class NodeView:
+class NodeView(NamedTuple):
     path: Path
     parent: Optional[Path]  # None for children of the root
     kv: Tuple[int, ...]

@@ -165,6 +165,18 @@ class Verdict:
         return self.failure is None
 
 
+def failure_trace(driver: PairedScheduler, exc: BaseException, scenario: Optional[str] = None) -> Trace:
+    """The trace of everything `driver` ran, ending in the failure `exc`."""
+    return Trace(
+        config=driver.config,
+        operations=list(driver.operations),
+        impl=getattr(driver.adapter, "name", "impl"),
+        impl_version=driver.adapter.version(),
+        scenario=scenario,
+        failure=Failure(classify(exc), str(exc), len(driver.operations) - 1),
+    )
+
+
 def judge(trace: Trace, verdict: Verdict) -> Optional[str]:
     """Why a replay's outcome is wrong for its trace, or None when it is as expected.
 

@@ -6,8 +6,9 @@ from strategies.scenarios import (
     SCENARIOS,
     Scenario,
     choices,
-    operations,
+    pool_config,
     pool_configs,
+    weighted_operations,
 )
 from strategies.tokens import fresh_tokens, sharing_prefixes
 
@@ -18,7 +19,8 @@ __all__ = [
     "Scenario",
     "choices",
     "fresh_tokens",
-    "operations",
+    "pool_config",
+    "weighted_operations",
     "pool_configs",
     "sharing_prefixes",
 ]

@@ -50,26 +50,27 @@ DEFAULT_MIX: Mapping[str, int] = {
 }
 
 
-def pool_configs(
-    kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu"
-) -> st.SearchStrategy[CacheConfig]:
-    """Cache configurations with sizes drawn from the given inclusive ranges."""
-    return st.builds(
-        CacheConfig,
-        kv_size=st.integers(*kv),
-        mamba_size=st.integers(*mamba),
-        req_size=st.integers(*req),
-        max_context_len=st.just(128),
-        device=st.just(device),
+def pool_config(integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu") -> CacheConfig:
+    """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks)."""
+    return CacheConfig(
+        kv_size=integer(*kv), mamba_size=integer(*mamba), req_size=integer(*req), max_context_len=128, device=device
     )
 
 
-def operations(mix: Mapping[str, int], applicable: Sequence[str]) -> st.SearchStrategy[str]:
-    """One operation name among `applicable`, drawn with the mix's relative weights."""
+def pool_configs(
+    kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu"
+) -> st.SearchStrategy[CacheConfig]:
+    """Hypothesis strategy for `pool_config`."""
+    return st.composite(lambda draw: pool_config(lambda lo, hi: draw(st.integers(lo, hi)), kv, mamba, req, device))()
+
+
+def weighted_operations(mix: Mapping[str, int], applicable: Sequence[str]) -> Tuple[str, ...]:
+    """The operations among `applicable`, each repeated by its weight: a uniform pick from this
+    tuple picks with the mix's relative weights."""
     weighted = tuple(op for op in OPERATIONS if op in applicable for _ in range(mix.get(op, 0)))
     if not weighted:
         raise ValueError(f"no applicable operation has a positive weight: {list(applicable)}")
-    return choices(weighted)
+    return weighted
 
 
 @lru_cache(maxsize=4096)
@@ -94,6 +95,9 @@ class Scenario:
 
     def pools(self, device: str = "cpu") -> st.SearchStrategy[CacheConfig]:
         return pool_configs(self.kv, self.mamba, self.req, device)
+
+    def config(self, integer, device: str = "cpu") -> CacheConfig:
+        return pool_config(integer, self.kv, self.mamba, self.req, device)
 
     def weighted(self, **weights: int) -> "Scenario":
         """The same scenario with some operation weights changed."""

@@ -5,45 +5,52 @@ conversations). New sequences mostly reuse a corpus entry: exactly, cut at a ran
 diverged, or extended (the next turn of a conversation). A small vocabulary makes chance
 collisions, and so splits deep inside segments, likely too.
 
-Strategies are built from cached primitives: a state machine draws one on every step, and
-building and validating a fresh composite strategy each time would dominate its run time.
+`sharing_prefix(integer, ...)` is the one definition; it takes its randomness from `integer(lo,
+hi)`, so Hypothesis (`sharing_prefixes`, a strategy) and the random engine draw the same way.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Sequence, Tuple
+from typing import Callable, Sequence, Tuple
 
 from hypothesis import strategies as st
 
 Tokens = Tuple[int, ...]
+Integer = Callable[[int, int], int]
 
 FRESH, REUSE, DIVERGE, EXTEND = range(4)
 
 
-@lru_cache(maxsize=None)
-def fresh_tokens(vocab: int, min_size: int, max_size: int) -> st.SearchStrategy[Tokens]:
-    """Independent tokens from `0..vocab-1`."""
-    return st.lists(st.integers(0, vocab - 1), min_size=min_size, max_size=max_size).map(tuple)
+def fresh(integer: Integer, vocab: int, min_size: int, max_size: int) -> Tokens:
+    """Independent tokens from `0..vocab-1`, `min_size..max_size` of them."""
+    return tuple(integer(0, vocab - 1) for _ in range(integer(min_size, max_size)))
+
+
+def sharing_prefix(integer: Integer, corpus: Sequence[Tokens], vocab: int, max_len: int, min_len: int = 1) -> Tokens:
+    """A sequence of `min_len..max_len` tokens, usually built from an entry of `corpus`.
+
+    Shrinks (under Hypothesis) towards fresh short sequences, then towards the first entry.
+    """
+    mode = integer(FRESH, EXTEND) if corpus else FRESH
+    if mode == FRESH:
+        return fresh(integer, vocab, min_len, max_len)
+    base = corpus[integer(0, len(corpus) - 1)]
+    if mode == REUSE:
+        seq = base
+    elif mode == DIVERGE:
+        seq = base[: integer(0, len(base))] + fresh(integer, vocab, 0, max_len)
+    else:
+        seq = base + fresh(integer, vocab, 1, max_len)
+    seq = seq[:max_len]
+    return seq + fresh(integer, vocab, min_len - len(seq), min_len - len(seq)) if len(seq) < min_len else seq
 
 
 @st.composite
 def sharing_prefixes(draw, corpus: Sequence[Tokens], vocab: int, max_len: int, min_len: int = 1) -> Tokens:
-    """A sequence of `min_len..max_len` tokens, usually built from an entry of `corpus`.
+    """Hypothesis strategy for `sharing_prefix`."""
+    return sharing_prefix(lambda lo, hi: draw(st.integers(lo, hi)), corpus, vocab, max_len, min_len)
 
-    Shrinks towards fresh short sequences, then towards reusing the first corpus entry.
-    """
-    mode = draw(st.integers(FRESH, EXTEND)) if corpus else FRESH
-    if mode == FRESH:
-        return draw(fresh_tokens(vocab, min_len, max_len))
-    base = corpus[draw(st.integers(0, len(corpus) - 1))]
-    if mode == REUSE:
-        seq = base
-    elif mode == DIVERGE:
-        seq = base[: draw(st.integers(0, len(base)))] + draw(fresh_tokens(vocab, 0, max_len))
-    else:
-        seq = base + draw(fresh_tokens(vocab, 1, max_len))
-    seq = seq[:max_len]
-    if len(seq) < min_len:
-        seq = seq + draw(fresh_tokens(vocab, min_len - len(seq), min_len - len(seq)))
-    return seq
+
+def fresh_tokens(vocab: int, min_size: int, max_size: int) -> st.SearchStrategy[Tokens]:
+    """Hypothesis strategy for `fresh`."""
+    return st.lists(st.integers(0, vocab - 1), min_size=min_size, max_size=max_size).map(tuple)

@@ -1,0 +1,47 @@
+"""The Hypothesis profiles of this project, importable by pytest's conftest and the fuzz command.
+
+  dev      quick local runs, with the local example database
+  ci       what CI runs: Hypothesis' built-in `ci` profile (derandomized, no database) plus our sizes
+  nightly  long programs, many examples, random, a database kept between runs ($HARNESS_DB)
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+PROFILES = ("dev", "ci", "nightly")
+
+
+def register_profiles() -> None:
+    """Register dev, ci and nightly (each with an explicit parent)."""
+    settings.register_profile(
+        "dev",
+        parent=settings.get_profile("default"),
+        max_examples=40,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=STATEFUL_HEALTH,
+    )
+    settings.register_profile(
+        "ci",
+        parent=settings.get_profile("ci"),
+        max_examples=60,
+        stateful_step_count=50,
+        deadline=None,
+        suppress_health_check=STATEFUL_HEALTH,
+    )
+    settings.register_profile(
+        "nightly",
+        parent=settings.get_profile("default"),
+        max_examples=2000,
+        stateful_step_count=200,
+        deadline=None,
+        derandomize=False,
+        database=DirectoryBasedExampleDatabase(
+            os.environ.get("HARNESS_DB", os.path.join(PROJECT_ROOT, ".hypothesis", "examples"))
+        ),
+        suppress_health_check=STATEFUL_HEALTH,
+    )
