@@ -67,18 +67,22 @@ class ImplAdapter:
         nodes: Dict[Path, NodeView] = {}
         path_by_id: Dict[int, Path] = {}
         stack = [(cache.root_node, ROOT_PATH)]
+        root = cache.root_node
         while stack:
             node, path = stack.pop()
+            parent = None if node is root else path
             for child in node.children.values():
-                child_path = (child.key.extra_key, path[1] + tuple(child.key.token_ids))
+                key = child.key
+                child_path = (key.extra_key, path[1] + tuple(key.token_ids))
+                mamba = child.mamba_value
                 nodes[child_path] = NodeView(
-                    path=child_path,
-                    parent=None if node is cache.root_node else path,
-                    kv=tuple(child.value.tolist()),
-                    mamba=None if child.mamba_value is None else int(child.mamba_value[0]),
-                    kv_lock=child.full_lock_ref,
-                    mamba_lock=child.mamba_lock_ref,
-                    children=len(child.children),
+                    child_path,
+                    parent,
+                    tuple(child.value.tolist()),
+                    None if mamba is None else mamba.tolist()[0],
+                    child.full_lock_ref,
+                    child.mamba_lock_ref,
+                    len(child.children),
                 )
                 path_by_id[id(child)] = child_path
                 stack.append((child, child_path))
@@ -118,13 +122,10 @@ class ImplAdapter:
         """Per Mamba slot: its state value if every element agrees, else None."""
         cache = self.mamba_pool.mamba_cache
         size = self.config.mamba_size
-        lows, highs = [], []
-        for state in (cache.conv, cache.temporal):
-            low, high = torch.aminmax(state[:, :size].transpose(0, 1).reshape(size, -1), dim=1)
-            lows.append(low)
-            highs.append(high)
-        low, high = torch.minimum(*lows).tolist(), torch.maximum(*highs).tolist()
-        return [lo if lo == hi else None for lo, hi in zip(low, high)]
+        rows = torch.cat(
+            [state[:, :size].transpose(0, 1).reshape(size, -1) for state in (cache.conv, cache.temporal)], dim=1
+        ).tolist()
+        return [row[0] if min(row) == max(row) else None for row in rows]
 
     def req_row(self, req_slot: int, length: int) -> List[int]:
         return self.req_pool.req_to_token[req_slot, :length].tolist()

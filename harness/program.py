@@ -24,6 +24,7 @@ class OperationChooser:
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
         self.corpus: List[tuple] = []
+        self._weighted: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
 
     def _in_phase(self, driver: PairedScheduler, phase: str) -> List[int]:
         return sorted(rid for rid, live in driver.requests.items() if live.phase == phase)
@@ -58,8 +59,10 @@ class OperationChooser:
     def next(self, driver: PairedScheduler, draws: Draws) -> Tuple[str, Dict[str, Any]]:
         """The next operation and its arguments."""
         s = self.scenario
-        applicable = self.applicable(driver)
-        op = draws.pick(weighted_operations(s.mix, applicable), "operation")
+        applicable = tuple(self.applicable(driver))
+        if applicable not in self._weighted:
+            self._weighted[applicable] = weighted_operations(s.mix, applicable)
+        op = draws.pick(self._weighted[applicable], "operation")
 
         def tokens(min_len: int = 1) -> list:
             return list(draws.tokens(self.corpus, s, min_len, "tokens"))

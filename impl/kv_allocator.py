@@ -51,7 +51,7 @@ class TokenToKVPoolAllocator:
         self.debug = debug_default(self.device) if debug is None else debug
         self.payload = torch.zeros((size + 1, payload_width), dtype=dtype, device=self.device)
         self._ledger = (
-            SlotLedger("KV pool", size + 1, [RESERVED_KV_SLOT], self.device) if self.debug else None
+            SlotLedger("KV pool", size + 1, [RESERVED_KV_SLOT]) if self.debug else None
         )
         self.clear()
 

@@ -55,7 +55,7 @@ class MambaPool:
             conv=torch.zeros(rows + tuple(conv_shape), dtype=dtype, device=self.device),
             temporal=torch.zeros(rows + tuple(temporal_shape), dtype=dtype, device=self.device),
         )
-        self._ledger = SlotLedger("Mamba pool", size + 1, [size], self.device) if self.debug else None
+        self._ledger = SlotLedger("Mamba pool", size + 1, [size]) if self.debug else None
         self.clear()
 
     def clear(self) -> None:

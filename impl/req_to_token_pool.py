@@ -61,7 +61,7 @@ class HybridReqToTokenPool:
         self.req_index_to_mamba_index_mapping = torch.zeros(
             size, dtype=torch.int32, device=self.device
         )
-        self._ledger = SlotLedger("request pool", size, [], self.device) if self.debug else None
+        self._ledger = SlotLedger("request pool", size, []) if self.debug else None
         self.free_slots: List[int] = list(range(size))
 
     def available_size(self) -> int:

@@ -139,11 +139,12 @@ class ReferenceCache:
     # ----- tree operations --------------------------------------------------------------------
 
     def _child_towards(self, at: Path, extra: Hashable, tokens: Tuple[int, ...]) -> Optional[Path]:
+        """rule: the child of `at` whose segment starts with the key's next token is the shortest
+        node extending `at` by that token (every other such node lies below it)."""
         depth = len(at[1])
-        for p in self.children(at):
-            if p[0] == extra and p[1][depth] == tokens[depth]:
-                return p
-        return None
+        prefix = tokens[: depth + 1]
+        below = [p for p in self.nodes if p[0] == extra and len(p[1]) > depth and p[1][: depth + 1] == prefix]
+        return min(below, key=lambda p: len(p[1])) if below else None
 
     def _split(self, path: Path, keep: int) -> Path:
         """rule: cutting a node after `keep` tokens of its segment makes a tombstone upper part
