@@ -11,6 +11,7 @@ until the budget ends unless `fail_fast`. `--workers N` runs N processes sharing
 
 from __future__ import annotations
 
+import importlib
 import json
 import multiprocessing
 import os
@@ -75,7 +76,7 @@ class FuzzOptions:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if self.db and self.db.startswith("redis://"):
             try:
-                import redis  # noqa: F401
+                importlib.import_module("redis")
             except ImportError:
                 raise ValueError("--db redis://...: the redis package is not installed (pip install redis)") from None
         if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():

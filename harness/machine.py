@@ -11,7 +11,7 @@ points it at another cache under test (a planted bug, or another implementation)
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Optional
 
 from hypothesis import event, strategies as st
 from hypothesis.control import current_build_context

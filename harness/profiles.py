@@ -15,33 +15,27 @@ STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck
 PROFILES = ("dev", "ci", "nightly")
 
 
+def _register(name: str, parent: str, **budget) -> None:
+    settings.register_profile(
+        name,
+        parent=settings.get_profile(parent),
+        deadline=None,
+        suppress_health_check=STATEFUL_HEALTH,
+        **budget,
+    )
+
+
 def register_profiles() -> None:
     """Register dev, ci and nightly (each with an explicit parent)."""
-    settings.register_profile(
-        "dev",
-        parent=settings.get_profile("default"),
-        max_examples=40,
-        stateful_step_count=40,
-        deadline=None,
-        suppress_health_check=STATEFUL_HEALTH,
-    )
-    settings.register_profile(
-        "ci",
-        parent=settings.get_profile("ci"),
-        max_examples=60,
-        stateful_step_count=50,
-        deadline=None,
-        suppress_health_check=STATEFUL_HEALTH,
-    )
-    settings.register_profile(
+    _register("dev", "default", max_examples=40, stateful_step_count=40)
+    _register("ci", "ci", max_examples=60, stateful_step_count=50)
+    _register(
         "nightly",
-        parent=settings.get_profile("default"),
+        "default",
         max_examples=2000,
         stateful_step_count=200,
-        deadline=None,
         derandomize=False,
         database=DirectoryBasedExampleDatabase(
             os.environ.get("HARNESS_DB", os.path.join(PROJECT_ROOT, ".hypothesis", "examples"))
         ),
-        suppress_health_check=STATEFUL_HEALTH,
     )

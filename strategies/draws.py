@@ -7,7 +7,7 @@ random engine share one definition of what a program looks like.
 from __future__ import annotations
 
 import random
-from typing import Hashable, Protocol, Sequence, Tuple
+from typing import Protocol, Sequence, Tuple
 
 from hypothesis import strategies as st
 
@@ -64,4 +64,4 @@ class RandomDraws:
         return scenario.config(self.rng.randint, device)
 
 
-__all__ = ["Draws", "HypothesisDraws", "RandomDraws", "Hashable"]
+__all__ = ["Draws", "HypothesisDraws", "RandomDraws"]
