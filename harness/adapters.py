@@ -7,6 +7,8 @@ the implementation's nodes, list links, counters and pools.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence
 
 import torch
@@ -132,3 +134,20 @@ class ImplAdapter:
 
     def mamba_slot_of(self, req: Any) -> Optional[int]:
         return None if req.mamba_pool_idx is None else int(req.mamba_pool_idx)
+
+
+def adapter_for(impl_name: str) -> Callable[[CacheConfig], Any]:
+    """`impl` (this repository's cache) or `MODULE:CLASS`, a `MambaRadixCache` subclass.
+
+    Raises `ValueError` naming the argument when it cannot be loaded.
+    """
+    if impl_name == "impl":
+        return ImplAdapter
+    module_name, _, class_name = impl_name.partition(":")
+    if not module_name or not class_name:
+        raise ValueError(f"--impl must be 'impl' or MODULE:CLASS, got {impl_name!r}")
+    try:
+        cache_class = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--impl {impl_name}: cannot load it ({exc})") from None
+    return functools.partial(ImplAdapter, cache_class=cache_class)

@@ -13,15 +13,12 @@ With no arguments, `python -m harness` runs a one-minute fuzz (the main job).
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import json
 import os
 import sys
-from typing import Any, Callable, List, Optional, TextIO
+from typing import List, Optional, TextIO
 
-from harness.adapters import ImplAdapter
-from harness.config import CacheConfig
+from harness.adapters import adapter_for
 from harness.driver import Divergence
 from harness.invariants import InvariantViolation
 from harness.trace import Trace, TraceError, Verdict, load_trace, replay
@@ -29,20 +26,6 @@ from harness.trace import Trace, TraceError, Verdict, load_trace, replay
 
 class UsageError(Exception):
     """A command-line argument that cannot be used; the message says which and why."""
-
-
-def adapter_for(impl: str) -> Callable[[CacheConfig], Any]:
-    """`impl` (this repository's cache) or `MODULE:CLASS`, a `MambaRadixCache` subclass."""
-    if impl == "impl":
-        return ImplAdapter
-    module_name, _, class_name = impl.partition(":")
-    if not module_name or not class_name:
-        raise UsageError(f"--impl must be 'impl' or MODULE:CLASS, got {impl!r}")
-    try:
-        cache_class = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"--impl {impl}: cannot load it ({exc})") from None
-    return functools.partial(ImplAdapter, cache_class=cache_class)
 
 
 def _call(entry) -> str:
@@ -87,7 +70,10 @@ def to_pytest(trace: Trace, name: str) -> str:
 
 def run_replay(args, out: TextIO) -> int:
     trace = load_trace(args.file)
-    adapter = adapter_for(args.impl)
+    try:
+        adapter = adapter_for(args.impl)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.to_pytest:
         stem = "".join(c if c.isalnum() else "_" for c in args.file.rsplit("/", 1)[-1].removesuffix(".json"))
         out.write(to_pytest(trace, f"replay_{stem}"))
@@ -132,7 +118,6 @@ def run_fuzz(args, out: TextIO) -> int:
         options.device = args.device
     if args.trace_dir:
         options.trace_dir = args.trace_dir
-    adapter_for(options.impl)
     try:
         report = fuzz(options, out)
     except ValueError as exc:

@@ -114,12 +114,27 @@ class PairedScheduler:
                 f"{operation}: matched slots {list(got)} hold tokens {payload}, expected {list(tokens[: len(got)])}",
             )
 
+    def _free_kv(self, slots: Sequence[int]) -> None:
+        """Return KV slots the harness owns, in both."""
+        if slots:
+            self.adapter.kv.free(self.adapter.indices(slots))
+            self.model.free_kv(list(slots))
+
+    def _free_mamba(self, slot: int) -> None:
+        """Return a Mamba slot the harness owns, in both."""
+        self.adapter.mamba_pool.free(self.adapter.indices([slot]))
+        self.model.free_mamba([slot])
+
+    def _evict_mamba_if_short(self) -> None:
+        """With no Mamba slot free, evict one state first, as the scheduler does."""
+        if self.adapter.mamba_pool.available_size() < 1:
+            self.evict_mamba(1)
+            self.on_event("Mamba allocation short: evicted, then retried")
+
     def _alloc_kv(self, operation: str, n: int) -> Optional[List[int]]:
         """Allocate n KV slots as the scheduler does: evict n tokens first when short."""
         if self.adapter.kv.available_size() < n:
-            self.cache.evict(n)
-            self.model.evict(n)
-            self._flush_model_events()
+            self.evict(n)
             self.on_event("KV allocation short: evicted, then retried")
         got = self.adapter.kv.alloc(n)
         want = self.model.kv_alloc(n)
@@ -130,11 +145,7 @@ class PairedScheduler:
         return got_list
 
     def _alloc_mamba(self, operation: str) -> Optional[int]:
-        if self.adapter.mamba_pool.available_size() < 1:
-            self.cache.evict_mamba(1)
-            self.model.evict_mamba(1)
-            self._flush_model_events()
-            self.on_event("Mamba allocation short: evicted, then retried")
+        self._evict_mamba_if_short()
         got = self.adapter.mamba_pool.alloc(1)
         want = self.model.mamba_alloc(1)
         got_list = None if got is None else got.tolist()
@@ -144,16 +155,12 @@ class PairedScheduler:
     def _release(self, live: LiveRequest) -> None:
         """Drop a request that cannot go on: free what it owns and its lock, in both."""
         owned = live.model_req.row
-        mine = [owned[i] for i in range(len(live.model_req.prefix), live.kv_len)]
-        if mine:
-            self.adapter.kv.free(self.adapter.indices(mine))
-            self.model.free_kv(mine)
+        self._free_kv([owned[i] for i in range(len(live.model_req.prefix), live.kv_len)])
         if live.model_req.req_slot is not None:
             self.adapter.req_pool.free(live.impl_req.req_pool_idx, free_mamba_cache=True)
             self.model.req_free_slot(live.model_req, free_mamba=True)
         elif live.model_req.mamba_slot is not None:
-            self.adapter.mamba_pool.free(self.adapter.indices([live.model_req.mamba_slot]))
-            self.model.free_mamba([live.model_req.mamba_slot])
+            self._free_mamba(live.model_req.mamba_slot)
         self.cache.dec_lock_ref(live.impl_req.last_node)
         self.model.dec_lock(live.model_req.last)
         del self.requests[live.rid]
@@ -240,8 +247,7 @@ class PairedScheduler:
         self.model.dec_lock(live.model_req.last)
         if not self._match_and_lock(live, True, operation):
             if live.model_req.mamba_slot is not None:
-                self.adapter.mamba_pool.free(self.adapter.indices([live.model_req.mamba_slot]))
-                self.model.free_mamba([live.model_req.mamba_slot])
+                self._free_mamba(live.model_req.mamba_slot)
             del self.requests[rid]
 
     def admit(self, rid: int, chunk: int, first_output: int = 0) -> bool:
@@ -249,10 +255,7 @@ class PairedScheduler:
         SGLang's alloc_req_slots does), write its prefix row and prefill its first chunk."""
         operation = f"admit(rid={rid}, chunk={chunk})"
         live = self._live(rid, "waiting", operation)
-        if self.adapter.mamba_pool.available_size() < 1:
-            self.cache.evict_mamba(1)
-            self.model.evict_mamba(1)
-            self._flush_model_events()
+        self._evict_mamba_if_short()
         got = self.adapter.req_pool.alloc(1, [live.impl_req])
         want = self.model.req_alloc(live.model_req)
         self._agree(operation, "request slot", None if got is None else got[0], want)
@@ -275,6 +278,25 @@ class PairedScheduler:
             return False
         return True
 
+    def _compute(self, live: LiveRequest, operation: str, tokens: Sequence[int]) -> bool:
+        """A forward pass over `tokens` at the request's next positions: KV slots for them
+        (evicting when short), written to its row with their data, and a new Mamba state.
+        False, with nothing changed, when no KV slots could be had."""
+        slots = self._alloc_kv(operation, len(tokens))
+        if slots is None:
+            return False
+        start = live.kv_len
+        self.adapter.req_pool.write(
+            (live.impl_req.req_pool_idx, slice(start, start + len(slots))),
+            self.adapter.indices(slots).to(self.adapter.req_pool.req_to_token.dtype),
+        )
+        for offset, slot in enumerate(slots):
+            live.model_req.row[start + offset] = slot
+        self._write_kv(slots, tokens)
+        live.kv_len += len(slots)
+        self._set_state(live)
+        return True
+
     def prefill_chunk(self, rid: int, chunk: int, first_output: int = 0) -> bool:
         """Compute the next `chunk` input tokens; cache them (chunked) or, when the input is
         done, emit the first output token and cache the whole input (non-chunked)."""
@@ -282,19 +304,8 @@ class PairedScheduler:
         live = self._live(rid, "prefill", operation)
         origin = live.model_req.origin
         n = max(1, min(chunk, len(origin) - live.kv_len))
-        slots = self._alloc_kv(operation, n)
-        if slots is None:
+        if not self._compute(live, operation, origin[live.kv_len : live.kv_len + n]):
             return False
-        start = live.kv_len
-        self.adapter.req_pool.write(
-            (live.impl_req.req_pool_idx, slice(start, start + n)),
-            self.adapter.indices(slots).to(self.adapter.req_pool.req_to_token.dtype),
-        )
-        for offset, slot in enumerate(slots):
-            live.model_req.row[start + offset] = slot
-        self._write_kv(slots, origin[start : start + n])
-        live.kv_len += n
-        self._set_state(live)
         done = live.kv_len == len(origin)
         live.impl_req.fill_ids = list(origin[: live.kv_len])
         live.model_req.fill = tuple(origin[: live.kv_len])
@@ -319,18 +330,8 @@ class PairedScheduler:
         """One decode step: a KV slot for the last output token, then a new output token."""
         operation = f"decode(rid={rid}, token={token})"
         live = self._live(rid, "decode", operation)
-        slots = self._alloc_kv(operation, 1)
-        if slots is None:
+        if not self._compute(live, operation, [live.model_req.output[-1]]):
             return False
-        position = live.kv_len
-        self.adapter.req_pool.write(
-            (live.impl_req.req_pool_idx, slice(position, position + 1)),
-            self.adapter.indices(slots).to(self.adapter.req_pool.req_to_token.dtype),
-        )
-        live.model_req.row[position] = slots[0]
-        self._write_kv(slots, [live.model_req.output[-1]])
-        live.kv_len += 1
-        self._set_state(live)
         live.impl_req.output_ids.append(token)
         live.model_req.output.append(token)
         return True
@@ -369,8 +370,7 @@ class PairedScheduler:
             return
         mamba = self._alloc_mamba(operation)
         if mamba is None:
-            self.adapter.kv.free(self.adapter.indices(kv))
-            self.model.free_kv(kv)
+            self._free_kv(kv)
             return
         self._write_kv(kv, tokens)
         value = self._fingerprint()
@@ -381,12 +381,9 @@ class PairedScheduler:
         self._flush_model_events()
         self._agree(operation, "(prefix_len, mamba_exist)", tuple(got), want)
         prefix_len, exist = want
-        if prefix_len:
-            self.adapter.kv.free(self.adapter.indices(kv[:prefix_len]))
-            self.model.free_kv(kv[:prefix_len])
+        self._free_kv(kv[:prefix_len])
         if exist:
-            self.adapter.mamba_pool.free(self.adapter.indices([mamba]))
-            self.model.free_mamba([mamba])
+            self._free_mamba(mamba)
 
     def _paired_match(self, operation: str, tokens: Sequence[int], extra_key: Hashable) -> Tuple[Any, Tuple]:
         """A plain match (no cow) in both, compared; returns (implementation node, model path)."""

@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import random
 import re
 import sys
@@ -30,6 +31,7 @@ from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
+from harness.adapters import adapter_for
 from harness.driver import PairedScheduler
 from harness.machine import PENDING_DIR, machine_for
 from harness.profiles import PROFILES, PROJECT_ROOT, register_profiles
@@ -79,6 +81,7 @@ class FuzzOptions:
                 importlib.import_module("redis")
             except ImportError:
                 raise ValueError("--db redis://...: the redis package is not installed (pip install redis)") from None
+        adapter_for(self.impl)
         if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {self.device}: CUDA is not available on this machine")
 
@@ -237,8 +240,6 @@ def _random_program(options: FuzzOptions, adapter_factory, scenario_name: str, r
 
 def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None) -> Dict[str, Any]:
     """One fuzz process: rotate through the configurations until the budget ends."""
-    from harness.cli import adapter_for
-
     register_profiles()
     adapter_factory = adapter_for(options.impl)
     stats = Stats()
@@ -299,7 +300,7 @@ def run_workers(options: FuzzOptions, out: TextIO) -> List[Dict[str, Any]]:
         try:
             worker, report = results.get(timeout=0.5)
             collected[worker] = report
-        except Exception:
+        except queue.Empty:
             if not any(p.is_alive() for p in procs) and results.empty():
                 break
         totals = [sum(v[k] for v in shared.values()) for k in range(3)]

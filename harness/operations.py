@@ -31,9 +31,10 @@ OPERATIONS: Dict[str, Dict[str, str]] = {
 class OperationError(ValueError):
     """A recorded operation is malformed; `field` names what is wrong."""
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"field {field!r}: {message}")
+    def __init__(self, field: str, detail: str):
+        super().__init__(f"field {field!r}: {detail}")
         self.field = field
+        self.detail = detail
 
 
 def _is_count(value: Any) -> bool:

@@ -111,7 +111,7 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
         try:
             check_arguments(entry["op"], entry["args"])
         except OperationError as exc:
-            raise TraceError(source, str(exc).split(": ", 1)[1], step, exc.field) from None
+            raise TraceError(source, exc.detail, step, exc.field) from None
     failure = doc.get("failure")
     if failure is not None:
         _require(source, isinstance(failure, dict) and set(failure) == {"check", "message", "step"}, f"expected check, message, step; got {failure!r}", field_name="failure")
@@ -221,7 +221,7 @@ def replay(
             if on_step is not None:
                 on_step(step, entry, driver)
     except OperationError as exc:
-        raise TraceError(source, str(exc).split(": ", 1)[1], step, exc.field) from None
+        raise TraceError(source, exc.detail, step, exc.field) from None
     except Exception as exc:
         return Verdict(step + 1, Failure(classify(exc), str(exc), step), exc)
     return Verdict(len(trace.operations))
