@@ -123,11 +123,9 @@ class ImplAdapter:
     def mamba_states(self) -> List[Optional[float]]:
         """Per Mamba slot: its state value if every element agrees, else None."""
         cache = self.mamba_pool.mamba_cache
-        size = self.config.mamba_size
-        rows = torch.cat(
-            [state[:, :size].transpose(0, 1).reshape(size, -1) for state in (cache.conv, cache.temporal)], dim=1
-        ).tolist()
-        return [row[0] if min(row) == max(row) else None for row in rows]
+        states = torch.cat((cache.conv.flatten(2), cache.temporal.flatten(2)), 2)[:, : self.config.mamba_size]
+        low, high = torch.stack((states.amin((0, 2)), states.amax((0, 2)))).tolist()
+        return [lo if lo == hi else None for lo, hi in zip(low, high)]
 
     def req_row(self, req_slot: int, length: int) -> List[int]:
         return self.req_pool.req_to_token[req_slot, :length].tolist()

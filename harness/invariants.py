@@ -8,8 +8,7 @@ implementation's `sanity_check`. A failed check raises `InvariantViolation` nami
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.snapshot import Path, Snapshot
 from reference import ReferenceCache
@@ -24,8 +23,7 @@ class InvariantViolation(AssertionError):
         self.message = message
 
 
-@dataclass(frozen=True)
-class RequestHoldings:
+class RequestHoldings(NamedTuple):
     """What one live request owns: KV slots of its row beyond the shared prefix, its slots."""
 
     rid: int
@@ -80,24 +78,28 @@ def lru_lists(snap: Snapshot, model: ReferenceCache) -> None:
         _fail("lru_lists", "full LRU list prev/next links or tick order are inconsistent")
     if not snap.mamba_links_ok:
         _fail("lru_lists", "Mamba LRU list prev/next links or tick order are inconsistent")
-    holders = {p for p, v in snap.nodes.items() if v.mamba is not None}
-    for name, listed, members, want in (
-        ("full", snap.full_lru, set(snap.nodes), model.full_order()),
-        ("Mamba", snap.mamba_lru, holders, model.mamba_order()),
+    for name, listed, want in (
+        ("full", snap.full_lru, model.full_order()),
+        ("Mamba", snap.mamba_lru, model.mamba_order()),
     ):
-        twice = [_path(p) for p, n in Counter(listed).items() if n > 1]
-        if twice:
-            _fail("lru_lists", f"{name} LRU list holds {twice} more than once")
-        if set(listed) != members:
-            missing = [_path(p) for p in members - set(listed)]
-            extra = [_path(p) for p in set(listed) - members]
-            _fail("lru_lists", f"{name} LRU list is missing {missing} and wrongly holds {extra}")
-        if listed != want:
-            _fail(
-                "lru_lists",
-                f"{name} LRU order (most recent first) is {[_path(p) for p in listed]}, "
-                f"model says {[_path(p) for p in want]}",
-            )
+        if listed != want:  # trees_equal ran first, so the model's order names exactly the members
+            _explain_lru(name, listed, want, snap)
+
+
+def _explain_lru(name: str, listed: List[Path], want: List[Path], snap: Snapshot) -> None:
+    members = set(snap.nodes) if name == "full" else {p for p, v in snap.nodes.items() if v.mamba is not None}
+    twice = [_path(p) for p, n in Counter(listed).items() if n > 1]
+    if twice:
+        _fail("lru_lists", f"{name} LRU list holds {twice} more than once")
+    if set(listed) != members:
+        missing = [_path(p) for p in members - set(listed)]
+        extra = [_path(p) for p in set(listed) - members]
+        _fail("lru_lists", f"{name} LRU list is missing {missing} and wrongly holds {extra}")
+    _fail(
+        "lru_lists",
+        f"{name} LRU order (most recent first) is {[_path(p) for p in listed]}, "
+        f"model says {[_path(p) for p in want]}",
+    )
 
 
 def sizes(snap: Snapshot, model: ReferenceCache) -> None:
@@ -123,41 +125,50 @@ def no_tombstone_leaf(snap: Snapshot, model: ReferenceCache) -> None:
             _fail("no_tombstone_leaf", f"leaf {_path(p)} is a tombstone")
 
 
-def _partition(check: str, pool: str, universe: Iterable[int], owners: Dict[str, List[int]]) -> None:
+def _owners(snap: Snapshot, requests: List[RequestHoldings]) -> Dict[str, Dict[str, List[int]]]:
+    """Per pool, who owns which slots: the free list, the tree, each live request."""
+    kv = {"the free list": snap.kv_free, "the tree": [s for v in snap.nodes.values() for s in v.kv]}
+    mamba = {"the free list": snap.mamba_free, "the tree": [v.mamba for v in snap.nodes.values() if v.mamba is not None]}
+    req = {"the free list": snap.req_free}
+    for r in requests:
+        kv[f"request {r.rid}"] = list(r.kv)
+        if r.mamba is not None:
+            mamba[f"request {r.rid}"] = [r.mamba]
+        if r.req_slot is not None:
+            req[f"request {r.rid}"] = [r.req_slot]
+    return {"KV": kv, "Mamba": mamba, "request": req}
+
+
+def _explain_ownership(pool: str, universe: range, owners: Dict[str, List[int]]) -> None:
+    """Fail naming the first slot owned twice, outside the pool, or owned by nobody."""
     seen: Dict[int, str] = {}
     for owner, slots in owners.items():
         for s in slots:
             if s in seen:
-                _fail(check, f"{pool} slot {s} is owned by both {seen[s]} and {owner}")
+                _fail("pool_conservation", f"{pool} slot {s} is owned by both {seen[s]} and {owner}")
             seen[s] = owner
-    universe = set(universe)
-    stray = sorted(set(seen) - universe)
+    stray = sorted(set(seen) - set(universe))
     if stray:
-        _fail(check, f"{pool} slot(s) {stray} are outside the pool (owners: {[seen[s] for s in stray]})")
-    lost = sorted(universe - set(seen))
-    if lost:
-        _fail(check, f"{pool} slot(s) {lost} are leaked: not free, not in the tree, not held by a request")
+        _fail("pool_conservation", f"{pool} slot(s) {stray} are outside the pool (owners: {[seen[s] for s in stray]})")
+    lost = sorted(set(universe) - set(seen))
+    _fail("pool_conservation", f"{pool} slot(s) {lost} are leaked: not free, not in the tree, not held by a request")
 
 
 def pool_conservation(snap: Snapshot, model: ReferenceCache, requests: List[RequestHoldings]) -> None:
     """Every KV, Mamba and request slot is owned by exactly one of free list, tree, a live
     request; none lost, none twice; slot 0 never used; free lists in the model's order."""
-    tree_kv = [s for v in snap.nodes.values() for s in v.kv]
-    kv_owners = {"the free list": snap.kv_free, "the tree": tree_kv}
-    mamba_owners = {
-        "the free list": snap.mamba_free,
-        "the tree": [v.mamba for v in snap.nodes.values() if v.mamba is not None],
+    nodes = snap.nodes.values()
+    owned = {
+        "KV": snap.kv_free + [s for v in nodes for s in v.kv] + [s for r in requests for s in r.kv],
+        "Mamba": snap.mamba_free
+        + [v.mamba for v in nodes if v.mamba is not None]
+        + [r.mamba for r in requests if r.mamba is not None],
+        "request": snap.req_free + [r.req_slot for r in requests if r.req_slot is not None],
     }
-    req_owners = {"the free list": snap.req_free}
-    for r in requests:
-        kv_owners[f"request {r.rid}"] = list(r.kv)
-        if r.mamba is not None:
-            mamba_owners[f"request {r.rid}"] = [r.mamba]
-        if r.req_slot is not None:
-            req_owners[f"request {r.rid}"] = [r.req_slot]
-    _partition("pool_conservation", "KV", range(1, snap.kv_size + 1), kv_owners)
-    _partition("pool_conservation", "Mamba", range(snap.mamba_size), mamba_owners)
-    _partition("pool_conservation", "request", range(snap.req_size), req_owners)
+    universes = {"KV": range(1, snap.kv_size + 1), "Mamba": range(snap.mamba_size), "request": range(snap.req_size)}
+    for pool, slots in owned.items():
+        if sorted(slots) != list(universes[pool]):  # not every slot owned exactly once
+            _explain_ownership(pool, universes[pool], _owners(snap, requests)[pool])
     for pool, got, want in (
         ("KV", snap.kv_free, model.kv_free),
         ("Mamba", snap.mamba_free, model.mamba_free),

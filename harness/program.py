@@ -35,16 +35,17 @@ class OperationChooser:
 
     def applicable(self, driver: PairedScheduler) -> List[str]:
         ops = ["evict", "evict_mamba", "insert", "match", "lock", "unlock_unlocked"]
-        waiting = self._in_phase(driver, "waiting")
-        if len(waiting) < WAITING_LIMIT:
+        phases = [live.phase for live in driver.requests.values()]
+        waiting = phases.count("waiting")
+        if waiting < WAITING_LIMIT:
             ops.append("start_request")
         if waiting:
             ops += ["admit", "rematch", "abort"]
-        if self._in_phase(driver, "prefill"):
+        if "prefill" in phases:
             ops.append("prefill_chunk")
-        if self._decodable(driver):
-            ops.append("decode")
-        if self._in_phase(driver, "decode"):
+        if "decode" in phases:
+            if self._decodable(driver):
+                ops.append("decode")
             ops.append("finish")
         if driver.pins:
             ops.append("unlock")

@@ -6,7 +6,6 @@ checks never call the implementation's `sanity_check`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 Path = Tuple[Hashable, Tuple[int, ...]]
@@ -22,8 +21,7 @@ class NodeView(NamedTuple):
     children: int
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     nodes: Dict[Path, NodeView]
     full_lru: List[Path]  # most recent first, as the implementation's list links say
     mamba_lru: List[Path]

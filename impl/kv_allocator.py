@@ -123,7 +123,7 @@ class TokenToKVPoolAllocator:
     def write_payload(self, indices: torch.Tensor, values: torch.Tensor) -> None:
         """Store `values` (one row, or one scalar, per slot) as the data of `indices`."""
         values = values.to(device=self.device, dtype=self.dtype)
-        self.payload[indices.to(torch.int64)] = values.reshape(len(indices), -1)
+        self.payload.index_copy_(0, indices.to(torch.int64), values.reshape(indices.numel(), -1))
 
     def read_payload(self, indices: torch.Tensor) -> torch.Tensor:
         """The data rows of `indices`, shape (len(indices), payload_width)."""

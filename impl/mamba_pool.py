@@ -87,16 +87,16 @@ class MambaPool:
         if self._ledger is not None:
             self._ledger.on_free(index)
         self.free_slots = torch.cat((self.free_slots, index))
-        self.mamba_cache.conv[:, index] = 0
-        self.mamba_cache.temporal[:, index] = 0
+        self.mamba_cache.conv.index_fill_(1, index, 0)
+        self.mamba_cache.temporal.index_fill_(1, index, 0)
 
     def copy_from(self, src_index: Indices, dst_index: Indices) -> None:
         """Copy the states of `src_index` into `dst_index`, slot by slot."""
         src, dst = self._as_index(src_index), self._as_index(dst_index)
         if src.numel() != dst.numel():
             raise ValueError(f"copy_from: {src.numel()} source slots but {dst.numel()} destinations")
-        self.mamba_cache.conv[:, dst] = self.mamba_cache.conv[:, src]
-        self.mamba_cache.temporal[:, dst] = self.mamba_cache.temporal[:, src]
+        for state in (self.mamba_cache.conv, self.mamba_cache.temporal):
+            state.index_copy_(1, dst, state.index_select(1, src))
 
     def fork_from(self, src_index: Indices) -> Optional[torch.Tensor]:
         """A new slot holding a copy of `src_index`'s state, or None when the pool is full."""
@@ -109,10 +109,12 @@ class MambaPool:
     def fill(self, index: Indices, value: float) -> None:
         """Set every element of the states of `index` to `value` (a stand-in for a forward pass)."""
         index = self._as_index(index)
-        self.mamba_cache.conv[:, index] = value
-        self.mamba_cache.temporal[:, index] = value
+        self.mamba_cache.conv.index_fill_(1, index, value)
+        self.mamba_cache.temporal.index_fill_(1, index, value)
 
     def _as_index(self, index: Indices) -> torch.Tensor:
         if isinstance(index, torch.Tensor):
+            if index.dtype is torch.int64 and index.dim() == 1 and index.device == self.device:
+                return index
             return index.to(device=self.device, dtype=torch.int64).reshape(-1)
         return torch.tensor(list(index), dtype=torch.int64, device=self.device)

@@ -241,7 +241,7 @@ class MambaRadixCache:
             if node.children:
                 mamba_freed.append(node.mamba_value)
                 self.mamba_lru_list.remove(node)
-                self.mamba_evictable_size_ -= len(node.mamba_value)
+                self.mamba_evictable_size_ -= node.mamba_value.numel()
                 node.mamba_value = None
             else:
                 self._evict_leaf(node, kv_freed, mamba_freed)
@@ -255,13 +255,13 @@ class MambaRadixCache:
         self._check_live(node, "inc_lock_ref")
         if node.mamba_value is not None:
             if node.mamba_lock_ref == 0:
-                self.mamba_evictable_size_ -= len(node.mamba_value)
-                self.mamba_protected_size_ += len(node.mamba_value)
+                self.mamba_evictable_size_ -= node.mamba_value.numel()
+                self.mamba_protected_size_ += node.mamba_value.numel()
             node.mamba_lock_ref += 1
         while node is not self.root_node:
             if node.full_lock_ref == 0:
-                self.full_evictable_size_ -= len(node.value)
-                self.full_protected_size_ += len(node.value)
+                self.full_evictable_size_ -= node.value.numel()
+                self.full_protected_size_ += node.value.numel()
             node.full_lock_ref += 1
             node = node.parent
         return None
@@ -287,15 +287,15 @@ class MambaRadixCache:
 
         if node.mamba_value is not None:
             if node.mamba_lock_ref == 1:
-                self.mamba_evictable_size_ += len(node.mamba_value)
-                self.mamba_protected_size_ -= len(node.mamba_value)
+                self.mamba_evictable_size_ += node.mamba_value.numel()
+                self.mamba_protected_size_ -= node.mamba_value.numel()
             node.mamba_lock_ref -= 1
             if node.mamba_lock_ref == 0:
                 self.mamba_lru_list.note_maybe_evictable(node)
         while node is not self.root_node:
             if node.full_lock_ref == 1:
-                self.full_evictable_size_ += len(node.value)
-                self.full_protected_size_ -= len(node.value)
+                self.full_evictable_size_ += node.value.numel()
+                self.full_protected_size_ -= node.value.numel()
             node.full_lock_ref -= 1
             if node.full_lock_ref == 0:
                 self.full_lru_list.note_maybe_evictable(node)
@@ -526,14 +526,14 @@ class MambaRadixCache:
             leaf = TreeNode(next(self._node_ids), key, value, node)
             leaf.mamba_value = mamba_value
             node.children[next_child] = leaf
-            self.full_evictable_size_ += len(value)
-            self.mamba_evictable_size_ += len(mamba_value)
+            self.full_evictable_size_ += value.numel()
+            self.mamba_evictable_size_ += mamba_value.numel()
             self.full_lru_list.insert_mru(leaf)
             self.mamba_lru_list.insert_mru(leaf)
             return total_prefix_len, False
         if node.mamba_value is None:
             node.mamba_value = mamba_value
-            self.mamba_evictable_size_ += len(mamba_value)
+            self.mamba_evictable_size_ += mamba_value.numel()
             self.mamba_lru_list.insert_mru(node)
             return total_prefix_len, False
         self.mamba_lru_list.reset_mru(node)
@@ -548,7 +548,7 @@ class MambaRadixCache:
             raise CacheInvariantError(f"evicting {leaf!r}, which is not an unlocked Mamba leaf")
         mamba_freed.append(leaf.mamba_value)
         self.mamba_lru_list.remove(leaf)
-        self.mamba_evictable_size_ -= len(leaf.mamba_value)
+        self.mamba_evictable_size_ -= leaf.mamba_value.numel()
         evicted = self._delete_node(leaf, kv_freed)
         parent = leaf.parent
         while (
@@ -569,9 +569,9 @@ class MambaRadixCache:
         del node.parent.children[child_key(node.key)]
         node.in_tree = False
         self.full_lru_list.remove(node)
-        self.full_evictable_size_ -= len(node.value)
+        self.full_evictable_size_ -= node.value.numel()
         kv_freed.append(node.value)
-        return len(node.value)
+        return node.value.numel()
 
     def _free_batched(self, kv_freed: List[torch.Tensor], mamba_freed: List[torch.Tensor]) -> None:
         if kv_freed:

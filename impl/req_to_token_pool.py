@@ -87,7 +87,7 @@ class HybridReqToTokenPool:
         select = self.free_slots[:need_size]
         self.free_slots = self.free_slots[need_size:]
         if self._ledger is not None:
-            self._ledger.on_alloc(torch.tensor(select, dtype=torch.int64))
+            self._ledger.on_alloc(select)
         if need_size:
             mamba_indices = torch.stack(
                 [torch.as_tensor(req.mamba_pool_idx, device=self.device).reshape(()) for req in reqs]
@@ -103,7 +103,7 @@ class HybridReqToTokenPool:
         """Return request slot(s); with `free_mamba_cache`, their Mamba slots too."""
         indices = [free_index] if isinstance(free_index, int) else list(free_index)
         if self._ledger is not None:
-            self._ledger.on_free(torch.tensor(indices, dtype=torch.int64))
+            self._ledger.on_free(indices)
         self.free_slots.extend(indices)
         if free_mamba_cache and indices:
             self.mamba_pool.free(self.req_index_to_mamba_index_mapping[indices])

@@ -8,11 +8,18 @@ back once per call (a host sync), which is why debug mode is off by default on `
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from typing import Iterable, List, Sequence, Union
 
 import torch
 
 from impl.errors import SlotError
+
+
+Slots = Union[torch.Tensor, Sequence[int]]
+
+
+def _as_list(indices: Slots) -> List[int]:
+    return indices.reshape(-1).tolist() if isinstance(indices, torch.Tensor) else list(indices)
 
 
 class SlotLedger:
@@ -23,9 +30,9 @@ class SlotLedger:
         self.reserved = frozenset(reserved)
         self._allocated = bytearray(capacity)
 
-    def on_alloc(self, indices: torch.Tensor) -> None:
+    def on_alloc(self, indices: Slots) -> None:
         """Record `indices` as handed out; raise `SlotError` if any is reserved or already out."""
-        slots = indices.reshape(-1).tolist()
+        slots = _as_list(indices)
         bad_reserved = [i for i in slots if i in self.reserved]
         if bad_reserved:
             raise SlotError(f"{self.pool_name}: reserved slot(s) {bad_reserved} handed out")
@@ -35,9 +42,9 @@ class SlotLedger:
         for i in slots:
             self._allocated[i] = 1
 
-    def on_free(self, indices: torch.Tensor) -> None:
+    def on_free(self, indices: Slots) -> None:
         """Record `indices` as returned; raise `SlotError` on a slot not out, or freed twice."""
-        slots = indices.reshape(-1).tolist()
+        slots = _as_list(indices)
         capacity = len(self._allocated)
         outside = [i for i in slots if not 0 <= i < capacity]
         if outside:

@@ -48,7 +48,9 @@ class ModelReq:
 
 def _lcp(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
     n = 0
-    while n < len(a) and n < len(b) and a[n] == b[n]:
+    for x, y in zip(a, b):
+        if x != y:
+            break
         n += 1
     return n
 
@@ -143,7 +145,7 @@ class ReferenceCache:
         node extending `at` by that token (every other such node lies below it)."""
         depth = len(at[1])
         prefix = tokens[: depth + 1]
-        below = [p for p in self.nodes if p[0] == extra and len(p[1]) > depth and p[1][: depth + 1] == prefix]
+        below = [p for p in self.nodes if p[0] == extra and p[1][: depth + 1] == prefix]
         return min(below, key=lambda p: len(p[1])) if below else None
 
     def _split(self, path: Path, keep: int) -> Path:
