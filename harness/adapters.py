@@ -20,39 +20,88 @@ from harness.snapshot import NodeView, Path, Snapshot
 ROOT_PATH: Path = (None, ())
 
 
-class ImplAdapter:
-    """The harness's handle on `impl` (or a subclass of its cache, for planted bugs)."""
+class CacheAdapter:
+    """What the driver and the checks need from one cache under test and its three pools.
 
-    name = "impl"
-    misuse_error = impl.CacheMisuseError
-    mamba_exhausted_error = impl.MambaPoolExhaustedError
+    Subclasses build `cache`, `kv`, `req_pool` and `mamba_pool` from a `CacheConfig` and say how
+    to read their LRU lists and how the harness writes and reads KV and Mamba data.
+    """
 
-    def __init__(self, config: CacheConfig, cache_class: Callable[..., Any] = impl.MambaRadixCache):
-        self.config = config
-        self.kv = impl.TokenToKVPoolAllocator(config.kv_size, device=config.device, debug=True)
-        self.req_pool = impl.HybridReqToTokenPool(
-            size=config.req_size,
-            mamba_size=config.mamba_size,
-            max_context_len=config.max_context_len,
-            device=config.device,
-            debug=True,
-        )
-        self.mamba_pool = self.req_pool.mamba_pool
-        self.cache = cache_class(self.req_pool, self.kv, page_size=config.page_size)
-        self.device = torch.device(config.device)
+    name = "abstract"
+    misuse_error: type = Exception  # raised when the cache refuses a misuse (e.g. a bad unlock)
+    mamba_exhausted_error: type = Exception  # raised when no Mamba slot is left even after evicting
+
+    config: CacheConfig
+    device: torch.device
+    cache: Any
+    kv: Any
+    req_pool: Any
+    mamba_pool: Any
 
     def version(self) -> str:
-        return impl.__version__
+        raise NotImplementedError
+
+    def is_mamba_exhausted(self, exc: BaseException) -> bool:
+        """Whether `exc` (a `mamba_exhausted_error`) says the Mamba pool ran out."""
+        return True
+
+    # ----- requests, keys, indices ------------------------------------------------------------
 
     def new_req(self, rid: int, tokens: Sequence[int], extra_key: Hashable) -> Any:
         return impl.Req(rid, list(tokens), extra_key)
 
-    @staticmethod
-    def key(tokens: Sequence[int], extra_key: Hashable) -> impl.RadixKey:
-        return impl.RadixKey(list(tokens), extra_key)
+    def key(self, tokens: Sequence[int], extra_key: Hashable) -> Any:
+        raise NotImplementedError
 
     def indices(self, slots: Sequence[int]) -> torch.Tensor:
         return torch.tensor(list(slots), dtype=torch.int64, device=self.device)
+
+    def mamba_slot_of(self, req: Any) -> Optional[int]:
+        return None if req.mamba_pool_idx is None else int(req.mamba_pool_idx)
+
+    # ----- the data the harness writes (a stand-in for forward passes) ------------------------
+
+    def write_kv(self, slots: Sequence[int], tokens: Sequence[int]) -> None:
+        """Store each token id as the KV data of its slot."""
+        raise NotImplementedError
+
+    def read_kv(self, indices: torch.Tensor) -> List[int]:
+        """The token id stored as the KV data of each slot of `indices`."""
+        raise NotImplementedError
+
+    def kv_payload(self) -> List[int]:
+        """The token id stored in every KV slot 0..size."""
+        raise NotImplementedError
+
+    def fill_mamba(self, slot: int, value: float) -> None:
+        """Set every element of Mamba slot `slot`'s states to `value`."""
+        index = self.indices([slot])
+        for state in (self.mamba_pool.mamba_cache.conv, self.mamba_pool.mamba_cache.temporal):
+            state.index_fill_(1, index, value)
+
+    def mamba_states(self) -> List[Optional[float]]:
+        """Per Mamba slot: its state value if every element of both states agrees, else None.
+
+        A state kept in a narrower dtype than the value (SGLang keeps conv in bfloat16) agrees
+        when it holds the value rounded to its dtype."""
+        cache = self.mamba_pool.mamba_cache
+        size = self.config.mamba_size
+        readings = []
+        for state in (cache.temporal, cache.conv):
+            flat = state.flatten(2)[:, :size]
+            readings.append(torch.stack((flat.amin((0, 2)), flat.amax((0, 2)))).float())
+        (t_low, t_high), (c_low, c_high) = (r.tolist() for r in readings)
+        conv_dtype = cache.conv.dtype
+        rounded = torch.tensor(t_low, dtype=torch.float32).to(conv_dtype).float().tolist()
+        return [
+            t_lo if t_lo == t_hi and c_lo == c_hi == r else None
+            for t_lo, t_hi, c_lo, c_hi, r in zip(t_low, t_high, c_low, c_high, rounded)
+        ]
+
+    def req_row(self, req_slot: int, length: int) -> List[int]:
+        return self.req_pool.req_to_token[req_slot, :length].tolist()
+
+    # ----- reading the tree -------------------------------------------------------------------
 
     def path_of(self, node: Any) -> Path:
         """The (extra_key, tokens from the root) name of a node."""
@@ -63,6 +112,17 @@ class ImplAdapter:
             extra = node.key.extra_key
             node = node.parent
         return (extra, tuple(t for seg in reversed(segments) for t in seg)) if segments else ROOT_PATH
+
+    def lru_members(self, which: str) -> List[Any]:
+        """Members of the "full" or "mamba" LRU list, most recently used first."""
+        raise NotImplementedError
+
+    def lru_links_ok(self, which: str) -> bool:
+        """Whether the list's prev/next links agree both ways (and any order stamps hold)."""
+        raise NotImplementedError
+
+    def kv_free_slots(self) -> List[int]:
+        return torch.cat((self.kv.free_pages, self.kv.release_pages)).tolist()
 
     def snapshot(self) -> Snapshot:
         cache = self.cache
@@ -89,15 +149,15 @@ class ImplAdapter:
                 path_by_id[id(child)] = child_path
                 stack.append((child, child_path))
 
-        def listed(lru) -> List[Path]:
-            return [path_by_id.get(id(n), ("<not in tree>", (n.id,))) for n in lru.iter_mru_to_lru()]
+        def listed(which: str) -> List[Path]:
+            return [path_by_id.get(id(n), ("<not in tree>", (n.id,))) for n in self.lru_members(which)]
 
         return Snapshot(
             nodes=nodes,
-            full_lru=listed(cache.full_lru_list),
-            mamba_lru=listed(cache.mamba_lru_list),
-            full_links_ok=cache.full_lru_list.links_consistent(),
-            mamba_links_ok=cache.mamba_lru_list.links_consistent(),
+            full_lru=listed("full"),
+            mamba_lru=listed("mamba"),
+            full_links_ok=self.lru_links_ok("full"),
+            mamba_links_ok=self.lru_links_ok("mamba"),
             sizes=(
                 cache.full_evictable_size(),
                 cache.full_protected_size(),
@@ -105,7 +165,7 @@ class ImplAdapter:
                 cache.mamba_protected_size(),
             ),
             root_locks=(cache.root_node.full_lock_ref, cache.root_node.mamba_lock_ref),
-            kv_free=self.kv.free_slots().tolist(),
+            kv_free=self.kv_free_slots(),
             mamba_free=self.mamba_pool.free_slots.tolist(),
             req_free=list(self.req_pool.free_slots),
             kv_size=self.config.kv_size,
@@ -114,36 +174,94 @@ class ImplAdapter:
         )
 
     def format_tree(self) -> str:
-        return self.cache.format_tree()
+        """The tree, one node per line, indented by depth."""
+        lines = []
+        stack = [(child, 0) for child in reversed(list(self.cache.root_node.children.values()))]
+        while stack:
+            node, depth = stack.pop()
+            state = "tombstone" if node.mamba_value is None else f"mamba={int(node.mamba_value[0])}"
+            lines.append(
+                f"{'  ' * depth}{list(node.key.token_ids)} kv={node.value.tolist()} {state} "
+                f"locks={node.full_lock_ref}/{node.mamba_lock_ref}"
+            )
+            stack.extend((child, depth + 1) for child in reversed(list(node.children.values())))
+        return "\n".join(lines) or "(empty tree)"
+
+
+class ImplAdapter(CacheAdapter):
+    """The harness's handle on `impl` (or a subclass of its cache, for planted bugs)."""
+
+    name = "impl"
+    misuse_error = impl.CacheMisuseError
+    mamba_exhausted_error = impl.MambaPoolExhaustedError
+
+    def __init__(self, config: CacheConfig, cache_class: Callable[..., Any] = impl.MambaRadixCache):
+        self.config = config
+        self.kv = impl.TokenToKVPoolAllocator(config.kv_size, device=config.device, debug=True)
+        self.req_pool = impl.HybridReqToTokenPool(
+            size=config.req_size,
+            mamba_size=config.mamba_size,
+            max_context_len=config.max_context_len,
+            device=config.device,
+            debug=True,
+        )
+        self.mamba_pool = self.req_pool.mamba_pool
+        self.cache = cache_class(self.req_pool, self.kv, page_size=config.page_size)
+        self.device = torch.device(config.device)
+
+    def version(self) -> str:
+        return impl.__version__
+
+    def key(self, tokens: Sequence[int], extra_key: Hashable) -> impl.RadixKey:
+        return impl.RadixKey(list(tokens), extra_key)
+
+    def write_kv(self, slots: Sequence[int], tokens: Sequence[int]) -> None:
+        self.kv.write_payload(self.indices(slots), self.indices(tokens))
+
+    def read_kv(self, indices: torch.Tensor) -> List[int]:
+        return self.kv.read_payload(indices)[:, 0].tolist()
 
     def kv_payload(self) -> List[int]:
-        """Payload (the token id written there) of every KV slot 0..size."""
         return self.kv.payload[:, 0].tolist()
 
-    def mamba_states(self) -> List[Optional[float]]:
-        """Per Mamba slot: its state value if every element agrees, else None."""
-        cache = self.mamba_pool.mamba_cache
-        states = torch.cat((cache.conv.flatten(2), cache.temporal.flatten(2)), 2)[:, : self.config.mamba_size]
-        low, high = torch.stack((states.amin((0, 2)), states.amax((0, 2)))).tolist()
-        return [lo if lo == hi else None for lo, hi in zip(low, high)]
+    def fill_mamba(self, slot: int, value: float) -> None:
+        self.mamba_pool.fill(self.indices([slot]), value)
 
-    def req_row(self, req_slot: int, length: int) -> List[int]:
-        return self.req_pool.req_to_token[req_slot, :length].tolist()
+    def lru_members(self, which: str) -> List[Any]:
+        return list(self._lru(which).iter_mru_to_lru())
 
-    def mamba_slot_of(self, req: Any) -> Optional[int]:
-        return None if req.mamba_pool_idx is None else int(req.mamba_pool_idx)
+    def lru_links_ok(self, which: str) -> bool:
+        return self._lru(which).links_consistent()
+
+    def kv_free_slots(self) -> List[int]:
+        return self.kv.free_slots().tolist()
+
+    def format_tree(self) -> str:
+        return self.cache.format_tree()
+
+    def _lru(self, which: str):
+        return self.cache.full_lru_list if which == "full" else self.cache.mamba_lru_list
 
 
 def adapter_for(impl_name: str) -> Callable[[CacheConfig], Any]:
-    """`impl` (this repository's cache) or `MODULE:CLASS`, a `MambaRadixCache` subclass.
+    """`impl` (this repository's cache), `sglang` (SGLang's, when installed) or `MODULE:CLASS`,
+    a subclass of `impl`'s `MambaRadixCache`.
 
     Raises `ValueError` naming the argument when it cannot be loaded.
     """
     if impl_name == "impl":
         return ImplAdapter
+    if impl_name == "sglang":
+        from harness.sglang_adapter import SglangAdapter, SglangUnavailable, load_sglang
+
+        try:
+            load_sglang()
+        except SglangUnavailable as exc:
+            raise ValueError(f"--impl sglang: {exc}") from None
+        return SglangAdapter
     module_name, _, class_name = impl_name.partition(":")
     if not module_name or not class_name:
-        raise ValueError(f"--impl must be 'impl' or MODULE:CLASS, got {impl_name!r}")
+        raise ValueError(f"--impl must be 'impl', 'sglang' or MODULE:CLASS, got {impl_name!r}")
     try:
         cache_class = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:

@@ -3,7 +3,7 @@
   fuzz [--minutes M | --seconds S] [--device] [--impl] [--profile] [--config NAME ...] [--seed N]
        [--db DIR|redis://host:port/n] [--report FILE] [--engine hypothesis|random] [--workers N]
        [--fail-fast]
-  replay FILE [--impl impl|MODULE:CLASS] [--device cpu|cuda] [--verbose] [--to-pytest]
+  replay FILE [--impl impl|sglang|MODULE:CLASS] [--device cpu|cuda] [--verbose] [--to-pytest]
 
 Exit status: 0 when the fuzz found nothing / the trace replays with every check passing, 1 when
 something failed (the report says where and why), 2 when the command or a file is unusable.
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--minutes", type=float, help="time budget in minutes (default 1)")
     budget.add_argument("--seconds", type=float, help="time budget in seconds")
     fz.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    fz.add_argument("--impl", default="impl", help="impl (default) or MODULE:CLASS, a MambaRadixCache subclass")
+    fz.add_argument("--impl", default="impl", help="impl (default), sglang (SGLang's own cache, when installed) or MODULE:CLASS, a subclass of impl's MambaRadixCache")
     fz.add_argument("--profile", default="nightly", help="Hypothesis profile for program length (dev, ci, nightly)")
     fz.add_argument("--config", action="append", help="configuration to fuzz (repeatable; default: rotate through all)")
     fz.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.set_defaults(run=run_fuzz)
     rp = sub.add_parser("replay", help="replay a trace file with every invariant checked")
     rp.add_argument("file")
-    rp.add_argument("--impl", default="impl", help="impl (default) or MODULE:CLASS, a MambaRadixCache subclass")
+    rp.add_argument("--impl", default="impl", help="impl (default), sglang (SGLang's own cache, when installed) or MODULE:CLASS, a subclass of impl's MambaRadixCache")
     rp.add_argument("--device", default=None, help="torch device (default: the trace's)")
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
     rp.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function")

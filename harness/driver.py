@@ -96,18 +96,14 @@ class PairedScheduler:
     def _set_state(self, live: LiveRequest) -> None:
         """A forward pass: the request's Mamba state becomes a fresh fingerprint."""
         value = self._fingerprint()
-        slot = self.adapter.mamba_slot_of(live.impl_req)
-        self.adapter.mamba_pool.fill(self.adapter.indices([slot]), value)
+        self.adapter.fill_mamba(self.adapter.mamba_slot_of(live.impl_req), value)
         self.model.mamba_fill(live.model_req.mamba_slot, value)
-
-    def _write_kv(self, slots: Sequence[int], tokens: Sequence[int]) -> None:
-        self.adapter.kv.write_payload(self.adapter.indices(slots), self.adapter.indices(tokens))
 
     def _check_match(self, operation: str, tokens: Sequence[int], impl_indices, impl_node, model_kv, model_last):
         got = tuple(impl_indices.tolist())
         self._agree(operation, "matched KV slots", got, model_kv)
         self._agree(operation, "last node", self.adapter.path_of(impl_node), model_last)
-        payload = self.adapter.kv.read_payload(impl_indices)[:, 0].tolist() if got else []
+        payload = self.adapter.read_kv(impl_indices) if got else []
         if payload != list(tokens[: len(got)]):
             raise InvariantViolation(
                 "data_integrity",
@@ -170,7 +166,9 @@ class PairedScheduler:
         impl_exhausted = model_exhausted = False
         try:
             impl_call()
-        except self.adapter.mamba_exhausted_error:
+        except self.adapter.mamba_exhausted_error as exc:
+            if not self.adapter.is_mamba_exhausted(exc):
+                raise
             impl_exhausted = True
         try:
             model_call()
@@ -256,6 +254,11 @@ class PairedScheduler:
         operation = f"admit(rid={rid}, chunk={chunk})"
         live = self._live(rid, "waiting", operation)
         self._evict_mamba_if_short()
+        if live.model_req.mamba_slot is None and self.adapter.mamba_pool.available_size() < 1:
+            # SGLang's scheduler admits only what its Mamba budget fits (its pool's alloc
+            # cannot fail gracefully), so a request that still needs a slot waits
+            self.on_event("request slot allocation failed")
+            return False
         got = self.adapter.req_pool.alloc(1, [live.impl_req])
         want = self.model.req_alloc(live.model_req)
         self._agree(operation, "request slot", None if got is None else got[0], want)
@@ -292,7 +295,7 @@ class PairedScheduler:
         )
         for offset, slot in enumerate(slots):
             live.model_req.row[start + offset] = slot
-        self._write_kv(slots, tokens)
+        self.adapter.write_kv(slots, tokens)
         live.kv_len += len(slots)
         self._set_state(live)
         return True
@@ -372,9 +375,9 @@ class PairedScheduler:
         if mamba is None:
             self._free_kv(kv)
             return
-        self._write_kv(kv, tokens)
+        self.adapter.write_kv(kv, tokens)
         value = self._fingerprint()
-        self.adapter.mamba_pool.fill(self.adapter.indices([mamba]), value)
+        self.adapter.fill_mamba(mamba, value)
         self.model.mamba_fill(mamba, value)
         got = self.cache.insert(self.adapter.key(tokens, extra_key), self.adapter.indices(kv), self.adapter.indices([mamba]))
         want = self.model.insert(tuple(tokens), extra_key, tuple(kv), mamba)

@@ -315,6 +315,12 @@ def run_workers(options: FuzzOptions, out: TextIO) -> List[Dict[str, Any]]:
     return [collected[i] for i in sorted(collected)]
 
 
+def _sglang_version() -> str:
+    from harness.sglang_adapter import sglang_version
+
+    return sglang_version()
+
+
 def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     """Run the fuzz; returns the report (also written to `options.report` when given)."""
     options.check()
@@ -349,6 +355,7 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
             "torch": torch.__version__,
             "hypothesis": hypothesis.__version__,
             "impl": __import__("impl").__version__,
+            **({"sglang": _sglang_version()} if options.impl == "sglang" else {}),
         },
         "device": torch.cuda.get_device_name(0) if torch.device(options.device).type == "cuda" else "cpu",
     }

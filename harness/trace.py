@@ -177,13 +177,17 @@ def failure_trace(driver: PairedScheduler, exc: BaseException, scenario: Optiona
     )
 
 
-def judge(trace: Trace, verdict: Verdict) -> Optional[str]:
+def judge(trace: Trace, verdict: Verdict, impl: Optional[str] = None, version: Optional[str] = None) -> Optional[str]:
     """Why a replay's outcome is wrong for its trace, or None when it is as expected.
 
-    A trace must pass, unless it records a known failure: then it must fail with the check it
-    recorded, and passing means the bug is fixed and the trace should be promoted.
+    A trace must pass, unless it records a known failure of the cache it was replayed on: then
+    it must fail with the check it recorded, and passing means the bug is fixed and the trace
+    should be promoted. A known failure belongs to the implementation and version the trace
+    names (`impl`, `impl_version`); replayed on any other (`impl`/`version` given and
+    different) the trace must pass.
     """
-    if not trace.known_failure:
+    foreign = (impl is not None and impl != trace.impl) or (version is not None and version != trace.impl_version)
+    if not trace.known_failure or foreign:
         if verdict.ok:
             return None
         return f"failed at step {verdict.failure.step}: {verdict.failure.message}"

@@ -51,10 +51,16 @@ DEFAULT_MIX: Mapping[str, int] = {
 
 
 def pool_config(integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu") -> CacheConfig:
-    """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks)."""
-    return CacheConfig(
-        kv_size=integer(*kv), mamba_size=integer(*mamba), req_size=integer(*req), max_context_len=128, device=device
-    )
+    """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks).
+
+    The request pool is never larger than the Mamba pool: every running request holds a Mamba
+    slot, and SGLang sizes its pools so (its request-to-Mamba map has one entry per Mamba slot).
+    """
+    if req[0] > mamba[0]:
+        raise ValueError(f"request pool sizes {req} must allow one no larger than the Mamba pool {mamba}")
+    kv_size, mamba_size = integer(*kv), integer(*mamba)
+    req_size = integer(req[0], min(req[1], mamba_size))
+    return CacheConfig(kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device)
 
 
 def pool_configs(

@@ -1,8 +1,10 @@
-"""Every trace file under tests/regressions/ is one test: replayed against impl, every check on.
+"""Every trace file under tests/regressions/ is one test: replayed against the cache under test
+(`--cache-impl`, default impl), every check on.
 
-A trace with `known_failure` set records a bug before it is fixed: it must still fail with the
-check it recorded, and turns into an error the day it passes, so the fixed bug gets promoted
-(clear `known_failure`). Traces under `pending/` are fresh captures from failing runs.
+A trace with `known_failure` set records a bug before it is fixed, in the implementation and
+version it names: replayed there it must still fail with the check it recorded, and turns into
+an error the day it passes, so the fixed bug gets promoted (clear `known_failure`); replayed on
+any other cache it must pass. Traces under `pending/` are fresh captures from failing runs.
 """
 
 import glob
@@ -17,9 +19,11 @@ TRACES = sorted(glob.glob(os.path.join(HERE, "regressions", "**", "*.json"), rec
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, os.path.join(HERE, "regressions")))
-def test_trace_replays(path, device):
+def test_trace_replays(path, adapter_factory, device):
     trace = load_trace(path)
-    problem = judge(trace, replay(trace, device=str(device), source=path))
+    verdict = replay(trace, adapter_factory, device=str(device), source=path)
+    adapter = adapter_factory(trace.config)
+    problem = judge(trace, verdict, impl=adapter.name, version=adapter.version())
     if problem:
         pytest.fail(f"{path} {problem}")
 

@@ -155,3 +155,14 @@ def test_judge_expects_a_pass_unless_a_known_failure_is_recorded():
     assert "now passes: clear known_failure to promote it" in judge(trace, passed)
     other = Verdict(2, Failure("sizes", "off", 1))
     assert judge(trace, other) == "fails with sizes, but the known failure recorded trees_equal"
+
+
+def test_a_known_failure_belongs_to_the_cache_and_version_it_names():
+    trace = load_trace(GOOD)
+    trace.impl, trace.impl_version = "sglang", "0.5.4"
+    trace.known_failure = "SGLang 0.5.4 leaks a slot"
+    trace.failure = Failure("pool_conservation", "leaked", 1)
+    failed = Verdict(2, Failure("pool_conservation", "leaked", 1))
+    assert judge(trace, failed, impl="sglang", version="0.5.4") is None
+    assert judge(trace, Verdict(3), impl="impl", version="0.1.0") is None
+    assert judge(trace, failed, impl="sglang", version="0.5.20") == "failed at step 1: leaked"
