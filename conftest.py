@@ -19,6 +19,7 @@ from hypothesis import settings
 
 from harness.adapters import adapter_for
 from harness.profiles import register_profiles
+from harness.sglang_adapter import sglang_unavailable
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
@@ -37,17 +38,6 @@ def pytest_addoption(parser):
     )
 
 
-def _sglang_missing() -> str:
-    """Why SGLang cannot be used here, or '' when it can."""
-    from harness.sglang_adapter import SglangUnavailable, load_sglang
-
-    try:
-        load_sglang()
-    except SglangUnavailable as exc:
-        return str(exc)
-    return ""
-
-
 def pytest_configure(config):
     device = config.getoption("--device")
     try:
@@ -64,7 +54,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs CUDA; torch.cuda.is_available() is False")
-    sglang_missing = _sglang_missing() if any("sglang" in item.keywords for item in items) else ""
+    sglang_missing = sglang_unavailable() if any("sglang" in item.keywords for item in items) else ""
     skip_sglang = pytest.mark.skip(reason=f"needs SGLang: {sglang_missing}")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():

@@ -121,9 +121,6 @@ class CacheAdapter:
         """Whether the list's prev/next links agree both ways (and any order stamps hold)."""
         raise NotImplementedError
 
-    def kv_free_slots(self) -> List[int]:
-        return torch.cat((self.kv.free_pages, self.kv.release_pages)).tolist()
-
     def snapshot(self) -> Snapshot:
         cache = self.cache
         nodes: Dict[Path, NodeView] = {}
@@ -165,7 +162,7 @@ class CacheAdapter:
                 cache.mamba_protected_size(),
             ),
             root_locks=(cache.root_node.full_lock_ref, cache.root_node.mamba_lock_ref),
-            kv_free=self.kv_free_slots(),
+            kv_free=torch.cat((self.kv.free_pages, self.kv.release_pages)).tolist(),
             mamba_free=self.mamba_pool.free_slots.tolist(),
             req_free=list(self.req_pool.free_slots),
             kv_size=self.config.kv_size,
@@ -233,9 +230,6 @@ class ImplAdapter(CacheAdapter):
     def lru_links_ok(self, which: str) -> bool:
         return self._lru(which).links_consistent()
 
-    def kv_free_slots(self) -> List[int]:
-        return self.kv.free_slots().tolist()
-
     def format_tree(self) -> str:
         return self.cache.format_tree()
 
@@ -252,12 +246,11 @@ def adapter_for(impl_name: str) -> Callable[[CacheConfig], Any]:
     if impl_name == "impl":
         return ImplAdapter
     if impl_name == "sglang":
-        from harness.sglang_adapter import SglangAdapter, SglangUnavailable, load_sglang
+        from harness.sglang_adapter import SglangAdapter, sglang_unavailable
 
-        try:
-            load_sglang()
-        except SglangUnavailable as exc:
-            raise ValueError(f"--impl sglang: {exc}") from None
+        reason = sglang_unavailable()
+        if reason:
+            raise ValueError(f"--impl sglang: {reason}")
         return SglangAdapter
     module_name, _, class_name = impl_name.partition(":")
     if not module_name or not class_name:

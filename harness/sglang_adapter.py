@@ -14,6 +14,7 @@ module for it that raises as soon as anything in it is used. The cache and pools
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import os
@@ -63,8 +64,9 @@ def _placeholder(name: str) -> None:
         parent = module
 
 
+@functools.lru_cache(maxsize=None)
 def load_sglang() -> types.SimpleNamespace:
-    """Import SGLang's cache and pools; `SglangUnavailable` says why when that fails."""
+    """Import SGLang's cache and pools (once); `SglangUnavailable` says why when that fails."""
     os.environ.setdefault("SGLANG_MAMBA_SSM_DTYPE", "float32")
     try:
         importlib.import_module("torchvision")
@@ -94,6 +96,15 @@ def load_sglang() -> types.SimpleNamespace:
         Mamba2CacheParams=mamba_utils.Mamba2CacheParams,
         Mamba2StateShape=mamba_utils.Mamba2StateShape,
     )
+
+
+def sglang_unavailable() -> str:
+    """Why SGLang cannot be used here, or '' when it can."""
+    try:
+        load_sglang()
+    except SglangUnavailable as exc:
+        return str(exc)
+    return ""
 
 
 def sglang_version() -> str:
@@ -196,4 +207,4 @@ class SglangAdapter(CacheAdapter):
         return getattr(lru.tail, lru.prv) is node and count == len(lru.cache)
 
 
-__all__ = ["SUPPORTED", "SglangAdapter", "SglangUnavailable", "load_sglang", "sglang_version"]
+__all__ = ["SUPPORTED", "SglangAdapter", "SglangUnavailable", "load_sglang", "sglang_unavailable", "sglang_version"]

@@ -13,22 +13,14 @@ from harness.adapters import adapter_for
 from harness.config import CacheConfig
 from harness.driver import PairedScheduler
 from harness.machine import machine_for
-from harness.sglang_adapter import SglangUnavailable, load_sglang
+from harness.sglang_adapter import sglang_unavailable
 from strategies import SCENARIOS
-
-
-def _installed() -> bool:
-    try:
-        load_sglang()
-    except SglangUnavailable:
-        return False
-    return True
 
 
 CONFIG = CacheConfig(kv_size=24, mamba_size=4, req_size=2, max_context_len=32)
 
 
-@pytest.mark.skipif(_installed(), reason="SGLang is installed here")
+@pytest.mark.skipif(not sglang_unavailable(), reason="SGLang is installed here")
 def test_asking_for_sglang_without_it_names_the_install_command():
     with pytest.raises(ValueError, match="--impl sglang: SGLang cannot be imported .*install-sglang"):
         adapter_for("sglang")
