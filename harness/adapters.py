@@ -30,6 +30,9 @@ class CacheAdapter:
     name = "abstract"
     misuse_error: type = Exception  # raised when the cache refuses a misuse (e.g. a bad unlock)
     mamba_exhausted_error: type = Exception  # raised when no Mamba slot is left even after evicting
+    # whether the request pool's alloc returns None (changing nothing) when the Mamba pool is
+    # short; where it cannot (SGLang asserts), the driver does not admit such a request
+    req_alloc_fails_gracefully: bool = True
 
     config: CacheConfig
     device: torch.device

@@ -254,7 +254,8 @@ class PairedScheduler:
         operation = f"admit(rid={rid}, chunk={chunk})"
         live = self._live(rid, "waiting", operation)
         self._evict_mamba_if_short()
-        if live.model_req.mamba_slot is None and self.adapter.mamba_pool.available_size() < 1:
+        short = live.model_req.mamba_slot is None and self.adapter.mamba_pool.available_size() < 1
+        if short and not self.adapter.req_alloc_fails_gracefully:
             # SGLang's scheduler admits only what its Mamba budget fits (its pool's alloc
             # cannot fail gracefully), so a request that still needs a slot waits
             self.on_event("request slot allocation failed")

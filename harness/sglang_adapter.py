@@ -123,6 +123,7 @@ class SglangAdapter(CacheAdapter):
     name = "sglang"
     misuse_error = AssertionError
     mamba_exhausted_error = AssertionError
+    req_alloc_fails_gracefully = False
 
     def __init__(self, config: CacheConfig):
         sgl = load_sglang()
