@@ -105,6 +105,8 @@ class Stats:
         self.steps = 0
         self.failures: List[Dict[str, Any]] = []
         self.first_failure_programs: Optional[int] = None
+        self.started = time.monotonic()
+        self.first_failure_seconds: Optional[float] = None  # from `started` to the first failing program
         self.on_tick: Callable[[], None] = lambda: None
 
     def record(self, label: str) -> None:
@@ -113,6 +115,7 @@ class Stats:
         elif label == "program failed":
             if self.first_failure_programs is None:
                 self.first_failure_programs = self.programs
+                self.first_failure_seconds = time.monotonic() - self.started
         elif label.startswith("operation: "):
             self.steps += 1
             if self.steps % 32 == 0:
@@ -177,7 +180,8 @@ def shrink_operations(trace: Trace, adapter_factory, check: str) -> Trace:
     return replace(trace, operations=ops, failure=verdict.failure)
 
 
-def _note_path(exc: BaseException) -> Optional[str]:
+def noted_trace_path(exc: BaseException) -> Optional[str]:
+    """The trace file a state-machine failure's notes name (written on its final, shrunk run)."""
     for note in getattr(exc, "__notes__", []):
         match = re.search(r"Trace written to (\S+)", note)
         if match:
@@ -209,12 +213,16 @@ def _hypothesis_round(options: FuzzOptions, adapter_factory, scenario_name: str,
     try:
         run_state_machine_as_test(machine, settings=budget)
     except Exception as exc:
-        _record_failure(stats, scenario_name, classify(exc), str(exc), _note_path(exc), out)
+        _record_failure(stats, scenario_name, classify(exc), str(exc), noted_trace_path(exc), out)
         return False
     return True
 
 
-def _random_program(options: FuzzOptions, adapter_factory, scenario_name: str, rng: random.Random, steps: int, stats: Stats, out: TextIO) -> bool:
+def random_program(options: FuzzOptions, adapter_factory, scenario_name: str, rng: random.Random, steps: int, stats: Stats, out: TextIO) -> bool:
+    """One seeded random program of `steps` operations, every invariant checked after each.
+
+    Returns False on a failure, which is shrunk, saved as a trace and recorded in `stats`.
+    """
     scenario = SCENARIOS[scenario_name]
     draws = RandomDraws(random.Random(rng.getrandbits(64)))
     config = draws.config(scenario, options.device)
@@ -263,7 +271,7 @@ def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None) 
         if options.engine == "hypothesis":
             ok = _hypothesis_round(options, adapter_factory, name, round_no, stats, database, out)
         else:
-            ok = _random_program(options, adapter_factory, name, rng, steps, stats, out)
+            ok = random_program(options, adapter_factory, name, rng, steps, stats, out)
         round_no += 1
         tick()
         if not ok and options.fail_fast:
@@ -370,4 +378,4 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     return report
 
 
-__all__ = ["FuzzOptions", "fuzz", "shrink_operations"]
+__all__ = ["FuzzOptions", "Stats", "fuzz", "noted_trace_path", "shrink_operations"]
