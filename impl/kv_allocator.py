@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from impl.free_list import FreeList
 from impl.slot_ledger import SlotLedger, as_device, debug_default
 
 RESERVED_KV_SLOT = 0
@@ -23,6 +24,7 @@ class TokenToKVPoolAllocator:
     are free; `free(indices)` returns slots; in debug mode a slot freed while not allocated, freed
     twice, or slot 0 ever handed out raises `SlotError` naming the slots, before any change.
     `need_sort` keeps frees aside and merges them sorted when the free list runs short, as SGLang.
+    Frees cost what they return, not the size of the free list (see `FreeList`).
     """
 
     def __init__(
@@ -57,38 +59,50 @@ class TokenToKVPoolAllocator:
 
     def clear(self) -> None:
         """Every slot `1..size` free again."""
-        self.free_pages = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
-        self.release_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self._free = FreeList(torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device))
+        self._released = self._empty()
         self.is_not_in_free_group = True
         self.free_group: list[torch.Tensor] = []
         if self._ledger is not None:
             self._ledger.on_reset()
 
+    def _empty(self) -> FreeList:
+        return FreeList(torch.empty((0,), dtype=torch.int64, device=self.device))
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """The slots ready to hand out, in hand-out order (SGLang's attribute; assignable)."""
+        return self._free.slots()
+
+    @free_pages.setter
+    def free_pages(self, slots: torch.Tensor) -> None:
+        self._free = FreeList(slots.to(device=self.device, dtype=torch.int64).reshape(-1))
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """With `need_sort`, the freed slots not yet merged into `free_pages`."""
+        return self._released.slots()
+
     def available_size(self) -> int:
-        return len(self.free_pages) + len(self.release_pages)
+        return len(self._free) + len(self._released)
 
     def get_kvcache(self):
         return self._kvcache
 
     def merge_and_sort_free(self) -> None:
-        if len(self.release_pages) > 0:
-            self.free_pages = torch.cat((self.free_pages, self.release_pages))
-            self.free_pages, _ = torch.sort(self.free_pages)
-            self.release_pages = torch.empty((0,), dtype=torch.int64, device=self.device)
+        """Move the released slots into the free list, all of it sorted (SGLang's `need_sort`)."""
+        if len(self._released) > 0:
+            merged = torch.cat((self._free.slots(), self._released.slots()))
+            self._free = FreeList(torch.sort(merged).values)
+            self._released = self._empty()
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         """n free slots (int64, on the pool's device), or None when fewer are free."""
         if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
             raise ValueError(f"alloc size must be a non-negative int, got {need_size!r}")
-        if self.need_sort and need_size > len(self.free_pages):
+        if self.need_sort and need_size > len(self._free):
             self.merge_and_sort_free()
-        if need_size > len(self.free_pages):
-            return None
-        select = self.free_pages[:need_size]
-        if self._ledger is not None:
-            self._ledger.on_alloc(select)
-        self.free_pages = self.free_pages[need_size:]
-        return select
+        return self._free.take(need_size, None if self._ledger is None else self._ledger.on_alloc)
 
     def free(self, free_index: torch.Tensor) -> None:
         """Return slots to the pool (deferred while a free group is open)."""
@@ -100,10 +114,7 @@ class TokenToKVPoolAllocator:
         free_index = free_index.to(dtype=torch.int64).reshape(-1)
         if self._ledger is not None:
             self._ledger.on_free(free_index)
-        if self.need_sort:
-            self.release_pages = torch.cat((self.release_pages, free_index))
-        else:
-            self.free_pages = torch.cat((self.free_pages, free_index))
+        (self._released if self.need_sort else self._free).put(free_index)
 
     def free_group_begin(self) -> None:
         """Defer frees until `free_group_end`, which returns them in one batch."""
@@ -118,7 +129,7 @@ class TokenToKVPoolAllocator:
 
     def free_slots(self) -> torch.Tensor:
         """Every slot free right now, in hand-out order (for checks)."""
-        return torch.cat((self.free_pages, self.release_pages))
+        return torch.cat((self._free.slots(), self._released.slots()))
 
     def write_payload(self, indices: torch.Tensor, values: torch.Tensor) -> None:
         """Store `values` (one row, or one scalar, per slot) as the data of `indices`."""

@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from impl.free_list import FreeList
 from impl.slot_ledger import SlotLedger, as_device, debug_default
 
 Indices = Union[torch.Tensor, Sequence[int]]
@@ -60,24 +61,27 @@ class MambaPool:
 
     def clear(self) -> None:
         """Every slot free again (states are left as they are)."""
-        self.free_slots = torch.arange(self.size, dtype=torch.int64, device=self.device)
+        self._free = FreeList(torch.arange(self.size, dtype=torch.int64, device=self.device))
         if self._ledger is not None:
             self._ledger.on_reset()
 
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """The free slots in hand-out order (SGLang's attribute; assignable)."""
+        return self._free.slots()
+
+    @free_slots.setter
+    def free_slots(self, slots: torch.Tensor) -> None:
+        self._free = FreeList(slots.to(device=self.device, dtype=torch.int64).reshape(-1))
+
     def available_size(self) -> int:
-        return len(self.free_slots)
+        return len(self._free)
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
         """n free slots (int64), or None when fewer are free."""
         if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0:
             raise ValueError(f"alloc size must be a non-negative int, got {need_size!r}")
-        if need_size > len(self.free_slots):
-            return None
-        select = self.free_slots[:need_size]
-        if self._ledger is not None:
-            self._ledger.on_alloc(select)
-        self.free_slots = self.free_slots[need_size:]
-        return select
+        return self._free.take(need_size, None if self._ledger is None else self._ledger.on_alloc)
 
     def free(self, free_index: Indices) -> None:
         """Return slots and zero their states."""
@@ -86,7 +90,7 @@ class MambaPool:
             return
         if self._ledger is not None:
             self._ledger.on_free(index)
-        self.free_slots = torch.cat((self.free_slots, index))
+        self._free.put(index)
         self.mamba_cache.conv.index_fill_(1, index, 0)
         self.mamba_cache.temporal.index_fill_(1, index, 0)
 

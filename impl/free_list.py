@@ -1,0 +1,63 @@
+"""`FreeList`: a FIFO queue of free pool slots (int64, on the pool's device).
+
+A pool that keeps its free slots in one tensor and appends every free with `torch.cat` pays for
+the whole free list on each free: O(pool) per call, however few slots come back. Here frees are
+queued as they come (O(1) each) and joined onto the head with one `torch.cat` only when a take
+needs more than the head holds, so each slot is copied O(1) times between a free and its next
+hand-out. The hand-out order is exactly that of cat-on-free: the head first, then the freed
+slots in the order they were freed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import torch
+
+
+class FreeList:
+    """Free slots in hand-out order. Contract: `take(n)` removes and returns the first n slots,
+    or returns None and changes nothing when fewer than n are free; `put(slots)` queues slots at
+    the back; `slots()` is every free slot in hand-out order. It does not check what it is given:
+    the pools' ledgers do, through `take`'s `vet`."""
+
+    def __init__(self, slots: torch.Tensor):
+        self._head = slots
+        self._tail: List[torch.Tensor] = []
+        self._tail_len = 0
+
+    def __len__(self) -> int:
+        return len(self._head) + self._tail_len
+
+    def take(self, n: int, vet: Optional[Callable[[torch.Tensor], None]] = None) -> Optional[torch.Tensor]:
+        """The first `n` free slots, removed from the list; None when fewer are free.
+
+        `vet(slots)` runs before they are removed: if it raises, the list is as it was.
+        """
+        if n > len(self):
+            return None
+        if n > len(self._head):
+            self._join()
+        select = self._head[:n]
+        if vet is not None:
+            vet(select)
+        self._head = self._head[n:]
+        return select
+
+    def put(self, slots: torch.Tensor) -> None:
+        """Queue a copy of `slots` (1-D int64, on the list's device) behind every free slot; the
+        caller may reuse its tensor afterwards."""
+        if slots.numel():
+            self._tail.append(slots.clone())
+            self._tail_len += slots.numel()
+
+    def slots(self) -> torch.Tensor:
+        """Every free slot in hand-out order (the list itself is unchanged)."""
+        self._join()
+        return self._head
+
+    def _join(self) -> None:
+        if self._tail:
+            self._head = torch.cat([self._head, *self._tail])
+            self._tail = []
+            self._tail_len = 0
