@@ -18,6 +18,7 @@ import torch
 from hypothesis import settings
 
 from harness.adapters import adapter_for
+from harness.fuzz import check_device
 from harness.profiles import register_profiles
 from harness.sglang_adapter import sglang_unavailable
 
@@ -39,14 +40,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    device = config.getoption("--device")
     try:
-        torch.device(device)
-    except (RuntimeError, TypeError):
-        raise pytest.UsageError(f"--device: not a torch device: {device!r}")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise pytest.UsageError(f"--device {device}: CUDA is not available on this machine")
-    try:
+        check_device(config.getoption("--device"))
         adapter_for(config.getoption("--cache-impl"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc))

@@ -4,6 +4,8 @@
        [--db DIR|redis://host:port/n] [--report FILE] [--engine hypothesis|random] [--workers N]
        [--fail-fast]
   replay FILE [--impl impl|sglang|MODULE:CLASS] [--device cpu|cuda] [--verbose] [--to-pytest]
+  mutants [--profile ci] [--engine hypothesis|random] [--only NAME ...] [--workers N] [--device]
+          [--seed N] [--json FILE]
 
 Exit status: 0 when the fuzz found nothing / the trace replays with every check passing, 1 when
 something failed (the report says where and why), 2 when the command or a file is unusable.
@@ -125,6 +127,29 @@ def run_fuzz(args, out: TextIO) -> int:
     return 1 if report["failures"] else 0
 
 
+def run_mutants(args, out: TextIO) -> int:
+    from bench.mutants import BY_NAME, MUTANTS
+    from bench.mutants.hunt import report
+    from harness.fuzz import best_device, check_device
+    from harness.profiles import PROFILES
+
+    device = args.device or best_device()
+    try:
+        check_device(device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.profile not in PROFILES:
+        raise UsageError(f"--profile must be one of {list(PROFILES)}, got {args.profile!r}")
+    unknown = [name for name in args.only or () if name not in BY_NAME]
+    if unknown:
+        raise UsageError(f"--only: unknown mutant(s) {unknown}; known: {sorted(BY_NAME)}")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    names = args.only or [m.name for m in MUTANTS]
+    workers = args.workers or os.cpu_count() or 1
+    return report(names, args.engine, args.profile, device, workers, args.seed, args.json, out)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Hybrid radix cache harness")
     sub = parser.add_subparsers(dest="command")
@@ -151,6 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
     rp.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function")
     rp.set_defaults(run=run_replay)
+    mu = sub.add_parser("mutants", help="run the harness against every seeded bug in bench/mutants and print the table")
+    mu.add_argument("--profile", default="ci", help="Hypothesis profile: each configuration's budget (default ci)")
+    mu.add_argument("--engine", default="hypothesis", choices=("hypothesis", "random"))
+    mu.add_argument("--only", action="append", metavar="NAME", help="hunt only this mutant (repeatable)")
+    mu.add_argument("--workers", type=int, default=None, help="mutants hunted at once, each in its own process (default one per core)")
+    mu.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
+    mu.add_argument("--seed", type=int, default=0, help="seed of the random engine's programs")
+    mu.add_argument("--json", default=None, help="also write the results to this file")
+    mu.set_defaults(run=run_mutants)
     return parser
 
 

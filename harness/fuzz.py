@@ -49,6 +49,16 @@ def best_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(device: str) -> None:
+    """Raise ValueError naming `device` unless it is a torch device usable on this machine."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device: not a torch device: {device!r}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+
+
 @dataclass
 class FuzzOptions:
     seconds: float = 60.0
@@ -82,8 +92,7 @@ class FuzzOptions:
             except ImportError:
                 raise ValueError("--db redis://...: the redis package is not installed (pip install redis)") from None
         adapter_for(self.impl)
-        if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {self.device}: CUDA is not available on this machine")
+        check_device(self.device)
 
 
 def open_database(spec: Optional[str]):
@@ -378,4 +387,4 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     return report
 
 
-__all__ = ["FuzzOptions", "Stats", "fuzz", "noted_trace_path", "shrink_operations"]
+__all__ = ["FuzzOptions", "Stats", "best_device", "check_device", "fuzz", "noted_trace_path", "shrink_operations"]

@@ -1,0 +1,185 @@
+"""The seeded-bug catalogue: realistic single-point bugs in `impl/`, one `Mutant` each.
+
+Each is the kind of slip a person changing the cache makes: an off-by-one, a forgotten refresh,
+a counter updated on one path only, the wrong field tested, a slot freed on the wrong branch.
+`python -m harness mutants` runs the harness against every one and prints whether it was caught.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from bench.mutants.patch import Mutant
+
+CACHE = "impl.mamba_radix_cache:MambaRadixCache"
+
+
+def _m(name: str, area: str, target: str, why: str, *edits: Tuple[str, str]) -> Mutant:
+    return Mutant(name=name, area=area, target=target, edits=tuple(edits), why=why)
+
+
+MUTANTS: Tuple[Mutant, ...] = (
+    # ----- lock accounting --------------------------------------------------------------------
+    _m("inc-lock-node-only", "lock accounting", f"{CACHE}.inc_lock_ref",
+       "locking a node does not lock its ancestors",
+       ("            node = node.parent\n        return None", "            break\n        return None")),
+    _m("dec-lock-keeps-mamba-lock", "lock accounting", f"{CACHE}.dec_lock_ref",
+       "unlocking never releases the node's Mamba lock",
+       ("node.mamba_lock_ref -= 1", "node.mamba_lock_ref -= 0")),
+    _m("finished-keeps-lock", "lock accounting", f"{CACHE}.cache_finished_req",
+       "a finished request's lock on its last node is never released",
+       ("        self.dec_lock_ref(req.last_node)\n", "")),
+    _m("split-drops-lock", "lock accounting", f"{CACHE}._split_node",
+       "the upper half of a split starts unlocked although the lower half is locked",
+       ("upper.full_lock_ref = child.full_lock_ref", "upper.full_lock_ref = 0")),
+    _m("unfinished-lock-not-moved", "lock accounting", f"{CACHE}.cache_unfinished_req",
+       "a chunk's insert locks the new last node without unlocking the old one",
+       ("        self.dec_lock_ref(req.last_node)\n", "")),
+    _m("leaf-evictable-ignores-lock", "lock accounting", "impl.mamba_radix_cache:_is_evictable_leaf",
+       "the full list's eviction rule forgets the lock check",
+       ("return not node.children and node.full_lock_ref == 0", "return not node.children")),
+    # ----- LRU refresh order ------------------------------------------------------------------
+    _m("match-refreshes-parents-first", "LRU refresh order", "impl.lru_list:LRUList.reset_path_mru",
+       "a match leaves the parents more recent than the matched node",
+       ("for node in reversed(path):", "for node in path:")),
+    _m("insert-skips-refresh", "LRU refresh order", f"{CACHE}._insert_helper",
+       "insert does not refresh the nodes on its path",
+       ("            self._touch(node)\n", "")),
+    _m("match-skips-mamba-refresh", "LRU refresh order", f"{CACHE}._match_prefix_helper",
+       "a match refreshes the full list but not the Mamba list",
+       ("        self.mamba_lru_list.reset_path_mru([n for n in path if n.mamba_value is not None])\n", "")),
+    _m("split-lower-not-refreshed", "LRU refresh order", f"{CACHE}._split_node",
+       "after a split the lower half stays behind the new upper half in the full list",
+       ("        self.full_lru_list.reset_mru(child)\n", "")),
+    _m("touch-skips-mamba-list", "LRU refresh order", f"{CACHE}._touch",
+       "insert refreshes the nodes on its path in the full list only",
+       ("        if node.mamba_value is not None:\n            self.mamba_lru_list.reset_mru(node)\n", "")),
+    # ----- node split -------------------------------------------------------------------------
+    _m("split-lower-keeps-one-slot", "node split", f"{CACHE}._split_node",
+       "the lower half keeps the last KV slot of the upper half too",
+       ("child.value = child.value[split_len:]", "child.value = child.value[split_len - 1 :]")),
+    _m("split-child-under-old-key", "node split", f"{CACHE}._split_node",
+       "the lower half hangs off the upper half under its old first token",
+       ("upper.children[child_key(lower_key)] = child", "upper.children[child_key(child.key)] = child")),
+    _m("match-no-split-at-key-end", "node split", f"{CACHE}._match_prefix_helper",
+       "a key ending inside a node takes the whole node instead of splitting it",
+       ("if prefix_len < len(child.key):", "if prefix_len < len(key):")),
+    # ----- tombstones and cascade deletion ----------------------------------------------------
+    _m("cascade-deletes-holders", "tombstone cascade", f"{CACHE}._evict_leaf",
+       "the cascade deletes childless ancestors that still hold a Mamba state",
+       ("            and parent.mamba_value is None\n", "")),
+    _m("cascade-stops-at-first", "tombstone cascade", f"{CACHE}._evict_leaf",
+       "the cascade deletes one tombstone ancestor at most",
+       ("            parent = grandparent\n", "            parent = grandparent\n            break\n")),
+    _m("match-answers-tombstone", "tombstone cascade", f"{CACHE}._match_prefix_helper",
+       "a match may end at a tombstone, answering KV without a Mamba state",
+       ("        if node.mamba_value is not None:\n            best_value_len, best_node = len(value), node\n\n",
+        "        best_value_len, best_node = len(value), node\n\n")),
+    # ----- evict loops ------------------------------------------------------------------------
+    _m("evict-one-short", "evict loop", f"{CACHE}.evict",
+       "evict stops one token short of what was asked",
+       ("while evicted < full_num_tokens:", "while evicted < full_num_tokens - 1:")),
+    _m("evict-counts-leaves", "evict loop", f"{CACHE}.evict",
+       "evict counts leaves instead of tokens, evicting far more than asked",
+       ("evicted += self._evict_leaf(leaf, kv_freed, mamba_freed)",
+        "self._evict_leaf(leaf, kv_freed, mamba_freed)\n            evicted += 1")),
+    _m("evicted-parent-not-offered", "evict loop", f"{CACHE}._evict_leaf",
+       "a parent left childless by an eviction is never offered as a candidate",
+       ("            self.full_lru_list.note_maybe_evictable(parent)\n", "            pass\n")),
+    _m("unlock-not-offered", "evict loop", f"{CACHE}.dec_lock_ref",
+       "a leaf unlocked to zero is never offered for eviction",
+       ("                self.full_lru_list.note_maybe_evictable(node)\n", "                pass\n")),
+    _m("refresh-not-reoffered", "evict loop", "impl.lru_list:LRUList.reset_mru",
+       "a refreshed candidate loses its place in the eviction queue",
+       ("        self.note_maybe_evictable(node)\n", "")),
+    # ----- evict_mamba on internal nodes ------------------------------------------------------
+    _m("evict-mamba-internal-stays-listed", "evict_mamba internal", f"{CACHE}.evict_mamba",
+       "an internal node tombstoned by evict_mamba stays in the Mamba list",
+       ("                self.mamba_lru_list.remove(node)\n", "")),
+    _m("evict-mamba-internal-leaks-slot", "evict_mamba internal", f"{CACHE}.evict_mamba",
+       "an internal node's Mamba slot is dropped without being freed",
+       ("                mamba_freed.append(node.mamba_value)\n", "")),
+    _m("evict-mamba-leaf-tombstoned", "evict_mamba internal", f"{CACHE}.evict_mamba",
+       "evict_mamba tombstones leaves too, leaving tombstone leaves",
+       ("if node.children:", "if node.children is not None:")),
+    _m("evict-mamba-once", "evict_mamba internal", f"{CACHE}.evict_mamba",
+       "evict_mamba evicts one state however many were asked",
+       ("while evicted < mamba_num:", "while evicted < min(mamba_num, 1):")),
+    # ----- cow_mamba slot handling ------------------------------------------------------------
+    _m("cow-tests-wrong-field", "cow_mamba", f"{CACHE}._copy_mamba_to_req",
+       "cow tests the request slot instead of the Mamba slot, so it always allocates",
+       ("if req.mamba_pool_idx is not None:", "if req.req_pool_idx is not None:")),
+    _m("cow-unprotected-evict", "cow_mamba", f"{CACHE}._copy_mamba_to_req",
+       "cow evicts to make room without protecting the node it copies from",
+       ("            self.inc_lock_ref(node)\n", ""), ("            self.dec_lock_ref(node)\n", "")),
+    _m("cow-copies-backwards", "cow_mamba", f"{CACHE}._copy_mamba_to_req",
+       "cow into a new slot copies the fresh slot over the tree's state",
+       ("        mamba_pool.copy_from(node.mamba_value, dst)\n", "        mamba_pool.copy_from(dst, node.mamba_value)\n")),
+    # ----- chunked prefill and finishing ------------------------------------------------------
+    _m("unfinished-shares-live-state", "chunked prefill", f"{CACHE}.cache_unfinished_req",
+       "a chunk inserts the request's running Mamba slot instead of a fork of it",
+       ("key, kv_indices.to(dtype=torch.int64, copy=True), forked", "key, kv_indices.to(dtype=torch.int64, copy=True), req_mamba")),
+    _m("unfinished-prefix-stale", "chunked prefill", f"{CACHE}.cache_unfinished_req",
+       "after a chunk the request's prefix_indices are not updated",
+       ("        req.prefix_indices = new_indices\n", "")),
+    _m("unfinished-row-not-rewritten", "chunked prefill", f"{CACHE}.cache_unfinished_req",
+       "after a chunk the request row keeps its own, now freed, duplicate KV slots",
+       ("self.req_to_token_pool.write(", "(lambda *_: None)(")),
+    _m("unfinished-frees-new-fork", "chunked prefill", f"{CACHE}.cache_unfinished_req",
+       "the fork is freed when the tree took it, kept when it did not",
+       ("        if mamba_exist:\n", "        if not mamba_exist:\n")),
+    _m("finished-frees-shared-prefix", "chunked prefill", f"{CACHE}.cache_finished_req",
+       "a finished request frees the KV slots it shares with the tree",
+       ("kv_indices[len(req.prefix_indices) : new_prefix_len]", "kv_indices[:new_prefix_len]")),
+    _m("finished-always-frees-mamba", "chunked prefill", f"{CACHE}.cache_finished_req",
+       "a finished request's Mamba slot is freed even when the tree took it",
+       ("free_mamba_cache=mamba_exist", "free_mamba_cache=True")),
+    # ----- size counters ----------------------------------------------------------------------
+    _m("new-leaf-not-counted", "size counters", f"{CACHE}._insert_helper",
+       "a new leaf's KV tokens are not added to the evictable size",
+       ("            self.full_evictable_size_ += value.numel()\n", "")),
+    _m("revived-tombstone-not-counted", "size counters", f"{CACHE}._insert_helper",
+       "a tombstone given a state again is not counted as a Mamba holder",
+       ("            node.mamba_value = mamba_value\n            self.mamba_evictable_size_ += mamba_value.numel()\n",
+        "            node.mamba_value = mamba_value\n")),
+    _m("unlock-threshold-off-by-one", "size counters", f"{CACHE}.dec_lock_ref",
+       "unlock moves KV tokens back to evictable one unlock too late",
+       ("            if node.full_lock_ref == 1:\n", "            if node.full_lock_ref == 0:\n")),
+    _m("lock-mamba-protected-sign", "size counters", f"{CACHE}.inc_lock_ref",
+       "locking a state subtracts it from the protected size instead of adding it",
+       ("self.mamba_protected_size_ += node.mamba_value.numel()", "self.mamba_protected_size_ -= node.mamba_value.numel()")),
+    _m("deleted-node-still-counted", "size counters", f"{CACHE}._delete_node",
+       "an evicted node's KV tokens stay in the evictable size",
+       ("        self.full_evictable_size_ -= node.value.numel()\n", "")),
+    # ----- pools ------------------------------------------------------------------------------
+    _m("alloc-refuses-exact-fit", "pools", "impl.free_list:FreeList.take",
+       "a pool refuses a request for exactly the slots it has free",
+       ("if n > len(self):", "if n >= len(self):")),
+    _m("take-skips-join", "pools", "impl.free_list:FreeList.take",
+       "a take longer than the free list's head hands out the head only, not the freed slots queued behind it",
+       ("        if n > len(self._head):\n            self._join()\n", "")),
+    _m("join-keeps-count", "pools", "impl.free_list:FreeList._join",
+       "joining the freed slots onto the head leaves their count behind, so a pool reports slots it does not have",
+       ("            self._tail_len = 0\n", "")),
+    _m("mamba-fork-no-copy", "pools", "impl.mamba_pool:MambaPool.fork_from",
+       "a fork allocates a slot but does not copy the state into it",
+       ("        self.copy_from(src_index, dst)\n", "")),
+    _m("req-free-ignores-flag", "pools", "impl.req_to_token_pool:HybridReqToTokenPool.free",
+       "freeing a request slot frees its Mamba slot even when told not to",
+       ("if free_mamba_cache and indices:", "if indices:")),
+    _m("req-alloc-leaks-on-failure", "pools", "impl.req_to_token_pool:HybridReqToTokenPool.alloc",
+       "request slots are taken before the Mamba pool is asked, and kept when it says no",
+       ("            req.mamba_pool_idx = mamba_idx\n        select = self.free_slots[:need_size]\n"
+        "        self.free_slots = self.free_slots[need_size:]\n",
+        "            req.mamba_pool_idx = mamba_idx\n"),
+       ("        without_mamba = [req for req in reqs if req.mamba_pool_idx is None]\n",
+        "        select = self.free_slots[:need_size]\n        self.free_slots = self.free_slots[need_size:]\n"
+        "        without_mamba = [req for req in reqs if req.mamba_pool_idx is None]\n")),
+    _m("req-mapping-not-written", "pools", "impl.req_to_token_pool:HybridReqToTokenPool.alloc",
+       "a request slot's Mamba index is not recorded, so it reads another request's state",
+       ("            self.req_index_to_mamba_index_mapping[select] = mamba_indices.to(torch.int32)\n", "")),
+)
+
+BY_NAME: Dict[str, Mutant] = {m.name: m for m in MUTANTS}
+if len(BY_NAME) != len(MUTANTS):
+    raise AssertionError("mutant names must be unique")
