@@ -23,41 +23,47 @@ class FreeList:
 
     def __init__(self, slots: torch.Tensor):
         self._head = slots
+        self._start = 0  # self._head[:self._start] are handed out already
+        self._head_len = slots.shape[0]  # free slots in the head, as an int (len() of a tensor is slow)
         self._tail: List[torch.Tensor] = []
         self._tail_len = 0
 
     def __len__(self) -> int:
-        return len(self._head) + self._tail_len
+        return self._head_len + self._tail_len
 
     def take(self, n: int, vet: Optional[Callable[[torch.Tensor], None]] = None) -> Optional[torch.Tensor]:
         """The first `n` free slots, removed from the list; None when fewer are free.
 
         `vet(slots)` runs before they are removed: if it raises, the list is as it was.
         """
-        if n > len(self):
+        if n > self._head_len + self._tail_len:
             return None
-        if n > len(self._head):
+        if n > self._head_len:
             self._join()
-        select = self._head[:n]
+        select = self._head[self._start : self._start + n]
         if vet is not None:
             vet(select)
-        self._head = self._head[n:]
+        self._start += n
+        self._head_len -= n
         return select
 
     def put(self, slots: torch.Tensor) -> None:
         """Queue a copy of `slots` (1-D int64, on the list's device) behind every free slot; the
         caller may reuse its tensor afterwards."""
-        if slots.numel():
+        count = slots.numel()
+        if count:
             self._tail.append(slots.clone())
-            self._tail_len += slots.numel()
+            self._tail_len += count
 
     def slots(self) -> torch.Tensor:
         """Every free slot in hand-out order (the list itself is unchanged)."""
         self._join()
-        return self._head
+        return self._head[self._start :]
 
     def _join(self) -> None:
         if self._tail:
-            self._head = torch.cat([self._head, *self._tail])
+            self._head = torch.cat([self._head[self._start :], *self._tail])
+            self._start = 0
+            self._head_len += self._tail_len
             self._tail = []
             self._tail_len = 0

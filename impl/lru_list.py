@@ -10,7 +10,7 @@ evictable member" through an `EvictionQueue` ordered by those ticks, never by wa
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from impl.eviction_queue import EvictionQueue
 
@@ -66,17 +66,24 @@ class LRUList:
 
     def reset_mru(self, node: Any) -> None:
         """Move a member to the most recently used position."""
-        link = self._link(node)
-        if not link.linked:
-            raise ValueError(f"node {node.id} is not in the {self.name} LRU list")
-        self._unlink(link)
-        self._place_at_head(link)
-        self.note_maybe_evictable(node)
+        self.reset_path_mru((node,))
 
-    def reset_path_mru(self, path: list) -> None:
-        """Move members to the head so that `path[0]` is most recent, then `path[1]`, and so on."""
+    def reset_path_mru(self, path: Sequence[Any]) -> None:
+        """Move members to the head so that `path[0]` is most recent, then `path[1]`, and so on.
+
+        Each one satisfying the eviction rule is offered again under its new tick. This is the
+        hottest list operation (every match and insert refreshes its whole path), hence one loop.
+        """
+        link_of, evictable, queue = self._link, self._evictable, self._queue
         for node in reversed(path):
-            self.reset_mru(node)
+            link = link_of(node)
+            if link.prev is None:
+                raise ValueError(f"node {node.id} is not in the {self.name} LRU list")
+            self._unlink(link)
+            self._place_at_head(link)
+            if evictable(node):
+                queue.offer(node, link.tick)
+        queue.compact(self._size)
 
     def remove(self, node: Any) -> None:
         """Take a member out of the list."""

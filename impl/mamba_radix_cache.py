@@ -15,7 +15,7 @@ import torch
 from impl.errors import CacheMisuseError, MambaPoolExhaustedError
 from impl.kv_allocator import TokenToKVPoolAllocator
 from impl.lru_list import LRUList
-from impl.radix_key import RadixKey, child_key, match_length
+from impl.radix_key import RadixKey, child_key, shared_length
 from impl.req_to_token_pool import HybridReqToTokenPool
 from impl.tree_node import TreeNode
 
@@ -451,25 +451,26 @@ class MambaRadixCache:
         req.mamba_pool_idx = dst[0]
 
     def _match_prefix_helper(self, key: RadixKey) -> Tuple[List[torch.Tensor], TreeNode]:
+        tokens, extra, end = key.token_ids, key.extra_key, len(key)
         node = self.root_node
         value: List[torch.Tensor] = []
         best_value_len = 0
         best_node = node
-        next_child = child_key(key)
-        while len(key) > 0 and next_child in node.children:
-            child = node.children[next_child]
+        pos = 0  # tokens[:pos] are matched; walking by position, no key is sliced
+        while pos < end:
+            child = node.children.get(tokens[pos] if extra is None else (extra, tokens[pos]))
+            if child is None:
+                break
             if node.mamba_value is not None:
                 best_value_len, best_node = len(value), node
-            prefix_len = match_length(child.key, key)
+            prefix_len = shared_length(child.key.token_ids, tokens, pos)
             if prefix_len < len(child.key):
                 node = self._split_node(child, prefix_len)
                 value.append(node.value)
                 break
             value.append(child.value)
             node = child
-            key = key[prefix_len:]
-            if len(key):
-                next_child = child_key(key)
+            pos += prefix_len
         if node.mamba_value is not None:
             best_value_len, best_node = len(value), node
 
@@ -478,8 +479,7 @@ class MambaRadixCache:
         while walker is not self.root_node:
             path.append(walker)
             walker = walker.parent
-        self.full_lru_list.reset_path_mru(path)
-        self.mamba_lru_list.reset_path_mru([n for n in path if n.mamba_value is not None])
+        self._refresh_path(path)
         return value[:best_value_len], best_node
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -499,45 +499,55 @@ class MambaRadixCache:
             self.mamba_lru_list.reset_mru(child)
         return upper
 
-    def _touch(self, node: TreeNode) -> None:
-        self.full_lru_list.reset_mru(node)
-        if node.mamba_value is not None:
-            self.mamba_lru_list.reset_mru(node)
+    def _refresh_path(self, path: List[TreeNode]) -> None:
+        """Make `path` (a node first, then its ancestors) most recently used in both lists, the
+        node ahead of its parents; the Mamba list holds only the path's Mamba holders."""
+        self.full_lru_list.reset_path_mru(path)
+        self.mamba_lru_list.reset_path_mru([n for n in path if n.mamba_value is not None])
 
     def _insert_helper(self, key: RadixKey, value: torch.Tensor, mamba_value) -> Tuple[int, bool]:
-        if len(key) == 0:
+        tokens, extra, end = key.token_ids, key.extra_key, len(key)
+        if end == 0:
             return 0, True
         node = self.root_node
-        next_child = child_key(key)
-        total_prefix_len = 0
-        while len(key) > 0 and next_child in node.children:
-            node = node.children[next_child]
-            self._touch(node)
-            prefix_len = match_length(node.key, key)
-            total_prefix_len += prefix_len
-            key = key[prefix_len:]
-            value = value[prefix_len:]
-            if prefix_len < len(node.key):
-                node = self._split_node(node, prefix_len)
-            if len(key):
-                next_child = child_key(key)
+        pos = 0  # tokens[:pos] are in the tree along the path walked so far
+        walked: List[TreeNode] = []
+        split_len = 0  # > 0 when the walk ends inside its last node, which must be split there
+        while pos < end:
+            child = node.children.get(tokens[pos] if extra is None else (extra, tokens[pos]))
+            if child is None:
+                break
+            walked.append(child)
+            prefix_len = shared_length(child.key.token_ids, tokens, pos)
+            pos += prefix_len
+            if prefix_len < len(child.key):
+                split_len = prefix_len
+                break
+            node = child
+        # every node walked is refreshed, the deepest ahead, before the split (which always ends
+        # the walk) puts the new upper node and then the lower one at the head
+        walked.reverse()
+        self._refresh_path(walked)
+        if split_len:
+            node = self._split_node(walked[0], split_len)
 
-        if len(key):
-            leaf = TreeNode(next(self._node_ids), key, value, node)
+        if pos < end:
+            leaf_key = RadixKey._trusted(tokens[pos:], extra)
+            leaf = TreeNode(next(self._node_ids), leaf_key, value[pos:], node)
             leaf.mamba_value = mamba_value
-            node.children[next_child] = leaf
-            self.full_evictable_size_ += value.numel()
+            node.children[child_key(leaf_key)] = leaf
+            self.full_evictable_size_ += leaf.value.numel()
             self.mamba_evictable_size_ += mamba_value.numel()
             self.full_lru_list.insert_mru(leaf)
             self.mamba_lru_list.insert_mru(leaf)
-            return total_prefix_len, False
+            return pos, False
         if node.mamba_value is None:
             node.mamba_value = mamba_value
             self.mamba_evictable_size_ += mamba_value.numel()
             self.mamba_lru_list.insert_mru(node)
-            return total_prefix_len, False
+            return pos, False
         self.mamba_lru_list.reset_mru(node)
-        return total_prefix_len, True
+        return pos, True
 
     def _evict_leaf(self, leaf: TreeNode, kv_freed: list, mamba_freed: list) -> int:
         """Remove an unlocked leaf and the tombstone ancestors it leaves as unlocked leaves.

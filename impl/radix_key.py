@@ -11,6 +11,9 @@ from typing import Hashable, Iterator, Optional, Sequence, Union
 from impl.errors import CacheMisuseError
 
 
+_PLAIN_INT = {int}
+
+
 def _as_token_list(token_ids: Sequence[int]) -> list[int]:
     try:
         items = list(token_ids)
@@ -18,6 +21,8 @@ def _as_token_list(token_ids: Sequence[int]) -> list[int]:
         raise CacheMisuseError(
             f"RadixKey token_ids must be a sequence of ints, got {token_ids!r}"
         ) from None
+    if set(map(type, items)) <= _PLAIN_INT:
+        return items
     tokens = []
     for position, token in enumerate(items):
         if isinstance(token, bool):
@@ -83,15 +88,18 @@ def child_key(key: RadixKey) -> Hashable:
     return first if key.extra_key is None else (key.extra_key, first)
 
 
-def match_length(segment: RadixKey, key: RadixKey) -> int:
-    """Number of leading tokens `segment` and `key` share (page size 1)."""
-    if segment.extra_key != key.extra_key:
-        raise CacheMisuseError(
-            f"cannot match keys of different extra keys: {segment.extra_key!r} != {key.extra_key!r}"
-        )
-    length = 0
-    for a, b in zip(segment.token_ids, key.token_ids):
-        if a != b:
-            break
-        length += 1
-    return length
+def shared_length(segment: list[int], tokens: list[int], start: int) -> int:
+    """Number of leading tokens `segment` shares with `tokens[start:]`."""
+    n = min(len(segment), len(tokens) - start)
+    if segment[:n] == tokens[start : start + n]:
+        return n
+    # the first mismatch, by bisection over prefix equality: O(log n) list comparisons in C
+    # instead of one Python-level comparison a token
+    lo, hi = 0, n - 1  # segment[:lo] matches, and the first mismatch is at most hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if segment[lo:mid] == tokens[start + lo : start + mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

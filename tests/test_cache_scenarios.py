@@ -7,6 +7,8 @@ to the end of the node (so the set of paths fixes the segments), kind "M" for a 
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from impl import (
     CacheMisuseError,
@@ -592,11 +594,29 @@ def test_insert_without_value_uses_the_token_ids(s):
     assert s.cache.root_node.children[5].value.tolist() == [5, 6]
 
 
-def test_match_length_refuses_mixed_namespaces():
-    from impl.radix_key import match_length
+@given(
+    segment=st.lists(st.integers(0, 2), max_size=12),
+    tokens=st.lists(st.integers(0, 2), max_size=12),
+    start=st.integers(0, 12),
+)
+def test_shared_length_is_the_first_mismatch(segment, tokens, start):
+    from impl.radix_key import shared_length
 
-    with pytest.raises(CacheMisuseError, match=r"different extra keys: 'a' != None"):
-        match_length(RadixKey([1], "a"), RadixKey([1]))
+    start = min(start, len(tokens))
+    expected = 0
+    for a, b in zip(segment, tokens[start:]):
+        if a != b:
+            break
+        expected += 1
+    assert shared_length(segment, tokens, start) == expected
+
+
+def test_radix_key_takes_int_subclasses_and_numpy_like_ints():
+    class TokenId(int):
+        pass
+
+    assert RadixKey([TokenId(3), 4]).token_ids == [3, 4]
+    assert type(RadixKey([TokenId(3)]).token_ids[0]) is int
 
 
 def test_radix_key_equality_and_hash():
