@@ -38,8 +38,13 @@ class EvictionQueue:
         return None
 
     def compact(self, live_nodes: int) -> None:
-        """Drop stale offers once they outnumber the live nodes, keeping memory O(tree)."""
-        if len(self._heap) <= 2 * live_nodes + 64:
+        """Drop stale offers: those at the front now (so the next `pop_lru` does not pay for a
+        backlog of them in one call), and all of them once the heap outgrows the live nodes
+        (keeping memory O(tree)). Each offer is dropped once: amortised O(log n) per offer."""
+        heap = self._heap
+        while heap and not self._is_candidate(heap[0][2], heap[0][0]):
+            heapq.heappop(heap)
+        if len(heap) <= 2 * live_nodes + 64:
             return
         current = {}
         for tick, node_id, node in self._heap:

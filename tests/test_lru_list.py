@@ -90,3 +90,24 @@ def test_eviction_queue_drops_stale_offers_when_compacting():
     assert len(lst._queue._heap) <= 2 * len(lst) + 65
     assert lst.pop_lru_evictable() is item
     assert lst.pop_lru_evictable() is None
+
+
+def test_a_backlog_of_stale_offers_is_dropped_as_paths_are_refreshed_not_by_one_pop():
+    from impl.eviction_queue import EvictionQueue
+
+    checks = []
+    current = {}
+
+    def is_candidate(node, tick):
+        checks.append(node.id)
+        return current.get(node.id) == tick
+
+    queue = EvictionQueue(is_candidate)
+    nodes = [Item(i) for i in range(50)]
+    for tick, node in enumerate(nodes):
+        queue.offer(node, tick)
+    current[49] = 49  # the other 49 offers went stale (their nodes were refreshed or locked)
+    queue.compact(live_nodes=1000)
+    checks.clear()
+    assert queue.pop_lru() is nodes[49]
+    assert checks == [49]
