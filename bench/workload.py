@@ -1,0 +1,360 @@
+"""impl against SGLang's `MambaRadixCache`: one serving workload through both, and evict's cost.
+
+    python -m bench.workload [--device cpu] [--caches impl sglang] [--conversations 200] [--repeats 5]
+                             [--nodes 1000 10000 100000] [--seed 0] [--json FILE]
+
+1. Throughput. One seeded workload (shared system prompts, multi-turn conversations that extend
+   their earlier turns, chunked prefill, decode), served by the same small scheduler loop through
+   each cache, with pools sized so KV and Mamba eviction run all the time. Prints requests/s for
+   each cache and the ratio; the prefix tokens reused and evicted are printed too, and agree when
+   the two caches behave the same.
+2. Evict cost as the tree grows. A tree of N nodes (1k, 10k, 100k), half of its sequences locked
+   and left least recently used, so the LRU tail is locked and internal nodes; then many small
+   `evict` calls, each freeing a few tokens. Prints the median microseconds per call.
+
+Both caches use their own pools (impl's with checking mode off, as in production); SGLang is
+built as `harness.sglang_adapter` builds it. Without SGLang installed, only impl is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+import impl
+from harness.config import CacheConfig
+
+
+@dataclass
+class Bench:
+    """One cache under measurement with its pools."""
+
+    name: str
+    cache: Any
+    kv: Any
+    req_pool: Any
+    key: Callable[[List[int]], Any]
+
+    @property
+    def mamba_pool(self) -> Any:
+        return self.req_pool.mamba_pool
+
+    def node_count(self) -> int:
+        lru = self.cache.full_lru_list
+        return len(lru) if self.name == "impl" else len(lru.cache)
+
+
+def build(name: str, kv_size: int, mamba_size: int, req_size: int, max_context_len: int, device: str) -> Bench:
+    """`impl` or `sglang` with pools of the given sizes on `device`."""
+    if name == "impl":
+        kv = impl.TokenToKVPoolAllocator(kv_size, device=device, debug=False)
+        req_pool = impl.HybridReqToTokenPool(
+            size=req_size, mamba_size=mamba_size, max_context_len=max_context_len, device=device, debug=False
+        )
+        cache = impl.MambaRadixCache(req_pool, kv, page_size=1)
+        return Bench(name, cache, kv, req_pool, lambda tokens: impl.RadixKey(tokens))
+    if name == "sglang":
+        from harness.sglang_adapter import SglangAdapter
+
+        adapter = SglangAdapter(CacheConfig(kv_size, mamba_size, req_size, max_context_len, device))
+        return Bench(name, adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None))
+    raise ValueError(f"unknown cache {name!r}: expected impl or sglang")
+
+
+# ----- 1. the serving workload ----------------------------------------------------------------
+
+
+@dataclass
+class RequestSpec:
+    prompt: List[int]
+    output: List[int]
+
+
+@dataclass
+class Workload:
+    """Requests in arrival order, and the pool sizes that keep eviction busy while serving them."""
+
+    requests: List[RequestSpec]
+    concurrency: int
+    chunk: int
+    kv_size: int
+    mamba_size: int
+    max_context_len: int
+
+
+def make_workload(seed: int, conversations: int, turns: int = 4, concurrency: int = 8, chunk: int = 64) -> Workload:
+    """Shared system prompts; each conversation's turn extends its previous turn's prompt and
+    output; turns arrive in rounds, conversations shuffled within a round."""
+    rng = random.Random(seed)
+
+    def tokens(lo: int, hi: int) -> List[int]:
+        return [rng.randrange(32000) for _ in range(rng.randint(lo, hi))]
+
+    system_prompts = [tokens(64, 192) for _ in range(4)]
+    histories = [list(rng.choice(system_prompts)) for _ in range(conversations)]
+    requests: List[RequestSpec] = []
+    for _ in range(turns):
+        order = list(range(conversations))
+        rng.shuffle(order)
+        for conv in order:
+            prompt = histories[conv] + tokens(16, 64)
+            output = tokens(8, 32)
+            requests.append(RequestSpec(prompt, output))
+            histories[conv] = prompt + output
+    longest = max(len(r.prompt) + len(r.output) for r in requests)
+    distinct = sum(len(h) for h in histories)
+    # KV for a sixth of what the conversations leave behind; the tree takes a Mamba state every
+    # prefill chunk, so states for somewhat more tokens than the KV pool holds: KV eviction runs,
+    # and Mamba eviction too, without Mamba eviction alone freeing the KV
+    kv_size = max(concurrency * longest * 5 // 4, distinct // 6)
+    mamba_size = max(4 * concurrency, kv_size * 3 // (2 * chunk))
+    return Workload(requests, concurrency, chunk, kv_size, mamba_size, max_context_len=longest + 1)
+
+
+@dataclass
+class Running:
+    req: Any
+    spec: RequestSpec
+    done: int = 0  # prompt tokens computed
+
+
+@dataclass
+class ServeStats:
+    requests: int = 0
+    reused_tokens: int = 0
+    evict_calls: int = 0
+    evicted_tokens: int = 0
+    evict_mamba_calls: int = 0
+    seconds: float = 0.0
+    extra: Dict[str, int] = field(default_factory=dict)
+
+
+class Server:
+    """A minimal continuous-batching scheduler making SGLang's cache calls."""
+
+    def __init__(self, bench: Bench, workload: Workload):
+        self.b = bench
+        self.w = workload
+        self.stats = ServeStats()
+        self.row_dtype = bench.req_pool.req_to_token.dtype
+
+    def _kv(self, n: int) -> torch.Tensor:
+        if self.b.kv.available_size() < n:
+            before = self.b.kv.available_size()
+            self.b.cache.evict(n)
+            self.stats.evict_calls += 1
+            self.stats.evicted_tokens += self.b.kv.available_size() - before
+        slots = self.b.kv.alloc(n)
+        if slots is None:
+            raise RuntimeError(f"{self.b.name}: out of KV slots (need {n}); the workload's pools are too small")
+        return slots
+
+    def admit(self, rid: int, spec: RequestSpec) -> Running:
+        req = impl.Req(rid, spec.prompt)
+        match = self.b.cache.match_prefix(self.b.key(spec.prompt[:-1]), cow_mamba=True, req=req)
+        req.prefix_indices, req.last_node = match.device_indices, match.last_device_node
+        self.b.cache.inc_lock_ref(req.last_node)
+        if req.mamba_pool_idx is None and self.b.mamba_pool.available_size() < 1:
+            self.b.cache.evict_mamba(1)
+            self.stats.evict_mamba_calls += 1
+        (req.req_pool_idx,) = self.b.req_pool.alloc(1, [req])
+        done = len(req.prefix_indices)
+        self.b.req_pool.write((req.req_pool_idx, slice(0, done)), req.prefix_indices.to(self.row_dtype))
+        self.stats.reused_tokens += done
+        return Running(req, spec, done)
+
+    def step(self, run: Running) -> bool:
+        """One forward step of `run`: a prefill chunk or one decoded token. True when finished."""
+        req, prompt = run.req, run.spec.prompt
+        if run.done < len(prompt):
+            n = min(self.w.chunk, len(prompt) - run.done)
+            slots = self._kv(n)
+            self.b.req_pool.write((req.req_pool_idx, slice(run.done, run.done + n)), slots.to(self.row_dtype))
+            run.done += n
+            req.fill_ids = prompt[: run.done]
+            if run.done < len(prompt):
+                self.b.cache.cache_unfinished_req(req, chunked=True)
+                return False
+            req.output_ids.append(run.spec.output[0])
+            self.b.cache.cache_unfinished_req(req)
+            return False
+        if len(req.output_ids) < len(run.spec.output):
+            position = len(prompt) + len(req.output_ids) - 1
+            slot = self._kv(1)
+            self.b.req_pool.write((req.req_pool_idx, slice(position, position + 1)), slot.to(self.row_dtype))
+            req.output_ids.append(run.spec.output[len(req.output_ids)])
+            return False
+        self.b.cache.cache_finished_req(req)
+        self.stats.requests += 1
+        return True
+
+    def serve(self) -> ServeStats:
+        waiting = deque(enumerate(self.w.requests))
+        running: List[Running] = []
+        started = time.perf_counter()
+        while waiting or running:
+            while waiting and len(running) < self.w.concurrency:
+                running.append(self.admit(*waiting.popleft()))
+            running = [run for run in running if not self.step(run)]
+        self.stats.seconds = time.perf_counter() - started
+        return self.stats
+
+
+def serve(name: str, workload: Workload, device: str) -> ServeStats:
+    bench = build(name, workload.kv_size, workload.mamba_size, workload.concurrency, workload.max_context_len, device)
+    return Server(bench, workload).serve()
+
+
+# ----- 2. evict as the tree grows -------------------------------------------------------------
+
+
+def grow_tree(bench: Bench, nodes: int, rng: random.Random) -> List[List[int]]:
+    """Insert seeded sequences (sharing prefixes, so the tree has internal nodes) until it has
+    `nodes` nodes; lock half of them and refresh the other half, so locked and internal nodes
+    fill the least recently used end. Returns the unlocked sequences."""
+    unlocked: List[List[int]] = []
+    locked: List[List[int]] = []
+    while bench.node_count() < nodes:
+        tokens = [rng.randrange(8) for _ in range(rng.randint(6, 14))]
+        # the tree gets a copy, as from a request's row in a real scheduler: an allocator's
+        # result may be a view of its whole free list, which the tree would otherwise pin
+        kv = bench.kv.alloc(len(tokens)).clone()
+        mamba = bench.mamba_pool.alloc(1).clone()
+        prefix_len, mamba_exist = bench.cache.insert(bench.key(tokens), kv, mamba)
+        bench.kv.free(kv[:prefix_len])
+        if mamba_exist:
+            bench.mamba_pool.free(mamba)
+        (locked if rng.random() < 0.5 else unlocked).append(tokens)
+    for tokens in locked:
+        bench.cache.inc_lock_ref(bench.cache.match_prefix(bench.key(tokens)).last_device_node)
+    for tokens in unlocked:
+        bench.cache.match_prefix(bench.key(tokens))
+    return unlocked
+
+
+def evict_cost(name: str, nodes: int, device: str, seed: int, calls: int = 200, tokens_per_call: int = 4) -> Dict[str, float]:
+    """Median, mean and largest microseconds of `evict(tokens_per_call)` on a tree of `nodes` nodes."""
+    rng = random.Random(seed)
+    bench = build(name, kv_size=nodes * 16 + 64, mamba_size=nodes * 2 + 64, req_size=1, max_context_len=16, device=device)
+    grow_tree(bench, nodes, rng)
+    size_before = bench.node_count()
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        bench.cache.evict(tokens_per_call)
+        times.append(time.perf_counter() - started)
+    return {
+        "nodes": size_before,
+        "median_us": round(statistics.median(times) * 1e6, 1),
+        "mean_us": round(statistics.mean(times) * 1e6, 1),
+        "max_us": round(max(times) * 1e6, 1),
+        "evicted_nodes": size_before - bench.node_count(),
+    }
+
+
+# ----- the command ----------------------------------------------------------------------------
+
+
+def available_caches(requested: Optional[List[str]]) -> List[str]:
+    from harness.sglang_adapter import sglang_unavailable
+
+    why = sglang_unavailable()
+    if requested is None:
+        if why:
+            print(f"sglang: not measured: {why}")
+            return ["impl"]
+        return ["impl", "sglang"]
+    if "sglang" in requested and why:
+        raise SystemExit(f"error: --caches sglang: {why}")
+    return requested
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.workload", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--caches", nargs="+", choices=("impl", "sglang"), help="default: impl, and sglang when installed")
+    parser.add_argument("--conversations", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5, help="serve the workload this many times through each cache (default 5)")
+    parser.add_argument("--nodes", nargs="+", type=int, default=[1000, 10000, 100000])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.conversations < 1 or args.repeats < 1 or any(n < 1 for n in args.nodes):
+        parser.error(f"--conversations, --repeats and --nodes must be positive, got {args.conversations}, "
+                     f"{args.repeats} and {args.nodes}")
+    caches = available_caches(args.caches)
+    versions = {"impl": impl.__version__}
+    if "sglang" in caches:
+        from harness.sglang_adapter import sglang_version
+
+        versions["sglang"] = sglang_version()
+
+    workload = make_workload(args.seed, args.conversations)
+    print(
+        f"workload: {len(workload.requests)} requests ({args.conversations} conversations x 4 turns, 4 shared system "
+        f"prompts), {workload.concurrency} running at once, prefill chunk {workload.chunk}, KV pool {workload.kv_size}, "
+        f"Mamba pool {workload.mamba_size}, device {args.device}"
+    )
+    served: Dict[str, ServeStats] = {}
+    rounds: Dict[str, List[float]] = {name: [] for name in caches}
+    for _ in range(args.repeats):  # interleaved, so both see the same machine load
+        for name in caches:
+            stats = serve(name, workload, args.device)
+            rounds[name].append(stats.seconds)
+            if name not in served or stats.seconds < served[name].seconds:
+                served[name] = stats
+    for name, stats in served.items():
+        print(
+            f"  {name:>7} {versions[name]:>7}: {stats.requests / stats.seconds:8.1f} requests/s  "
+            f"(best of {args.repeats}: {stats.seconds:.2f} s, median {statistics.median(rounds[name]):.2f} s; "
+            f"prefix tokens reused {stats.reused_tokens}, evict calls {stats.evict_calls}, tokens evicted "
+            f"{stats.evicted_tokens}, evict_mamba calls {stats.evict_mamba_calls})"
+        )
+    if len(served) == 2:
+        ratio = served["sglang"].seconds / served["impl"].seconds
+        median_ratio = statistics.median(rounds["sglang"]) / statistics.median(rounds["impl"])
+        print(f"  impl / sglang throughput: {ratio:.2f}x (best against best; {median_ratio:.2f}x median against median)")
+
+    print("evict(4) on a tree with half its sequences locked at the LRU end (median, and largest, microseconds per call):")
+    costs: Dict[str, Dict[int, Dict[str, float]]] = {name: {} for name in caches}
+    for nodes in args.nodes:
+        line = f"  {nodes:>7} nodes:"
+        for name in caches:
+            cost = evict_cost(name, nodes, args.device, args.seed)
+            costs[name][nodes] = cost
+            line += f"  {name} {cost['median_us']:>9.1f} us (max {cost['max_us']:.0f})"
+        if len(caches) == 2:
+            line += f"  (sglang / impl {costs['sglang'][nodes]['median_us'] / costs['impl'][nodes]['median_us']:.1f}x)"
+        print(line)
+
+    if args.json:
+        result = {
+            "device": args.device,
+            "seed": args.seed,
+            "versions": versions,
+            "workload": {"requests": len(workload.requests), "concurrency": workload.concurrency, "chunk": workload.chunk,
+                         "kv_size": workload.kv_size, "mamba_size": workload.mamba_size},
+            "throughput": {name: {"requests_per_second": round(s.requests / s.seconds, 2), "best_seconds": round(s.seconds, 3),
+                                  "all_seconds": [round(t, 3) for t in rounds[name]],
+                                  "reused_tokens": s.reused_tokens, "evict_calls": s.evict_calls,
+                                  "evicted_tokens": s.evicted_tokens, "evict_mamba_calls": s.evict_mamba_calls}
+                           for name, s in served.items()},
+            "evict": {name: {str(n): c for n, c in per.items()} for name, per in costs.items()},
+        }
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
