@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--seconds", type=float, help="time budget in seconds")
     fz.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     fz.add_argument("--impl", default="impl", help="impl (default), sglang (SGLang's own cache, when installed) or MODULE:CLASS, a subclass of impl's MambaRadixCache")
-    fz.add_argument("--profile", default="nightly", help="Hypothesis profile for program length (dev, ci, nightly)")
+    fz.add_argument("--profile", default="nightly", help="Hypothesis profile for program length (dev, ci, nightly, mutation)")
     fz.add_argument("--config", action="append", help="configuration to fuzz (repeatable; default: rotate through all)")
     fz.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
     fz.add_argument("--db", default=None, help="example database: a directory (default .hypothesis/fuzz) or redis://host:port/n")

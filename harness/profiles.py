@@ -3,6 +3,8 @@
   dev      quick local runs, with the local example database
   ci       what CI runs: Hypothesis' built-in `ci` profile (derandomized, no database) plus our sizes
   nightly  long programs, many examples, random, a database kept between runs ($HARNESS_DB)
+  mutation what mutmut runs for each of its mutants: the ci profile's derandomized programs, fewer
+           of them, so a surviving mutant costs seconds, not minutes
 """
 
 import os
@@ -12,7 +14,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-PROFILES = ("dev", "ci", "nightly")
+PROFILES = ("dev", "ci", "nightly", "mutation")
 
 
 def _register(name: str, parent: str, **budget) -> None:
@@ -26,9 +28,10 @@ def _register(name: str, parent: str, **budget) -> None:
 
 
 def register_profiles() -> None:
-    """Register dev, ci and nightly (each with an explicit parent)."""
+    """Register dev, ci, nightly and mutation (each with an explicit parent)."""
     _register("dev", "default", max_examples=40, stateful_step_count=40)
     _register("ci", "ci", max_examples=60, stateful_step_count=50)
+    _register("mutation", "ci", max_examples=12, stateful_step_count=40)
     _register(
         "nightly",
         "default",
