@@ -15,6 +15,7 @@ import torch
 
 import impl
 from harness.config import CacheConfig
+from harness.invariants import InvariantViolation
 from harness.snapshot import NodeView, Path, Snapshot
 
 ROOT_PATH: Path = (None, ())
@@ -107,7 +108,9 @@ class CacheAdapter:
     # ----- reading the tree -------------------------------------------------------------------
 
     def path_of(self, node: Any) -> Path:
-        """The (extra_key, tokens from the root) name of a node."""
+        """The (extra_key, tokens from the root) name of a node (None for no node)."""
+        if node is None:
+            return None
         segments = []
         extra = None
         while node is not self.cache.root_node:
@@ -137,6 +140,10 @@ class CacheAdapter:
                 key = child.key
                 child_path = (key.extra_key, path[1] + tuple(key.token_ids))
                 mamba = child.mamba_value
+                if child.value.dtype != torch.int64:
+                    raise InvariantViolation(
+                        "trees_equal", f"node {child_path}: KV slots stored as {child.value.dtype}, not torch.int64"
+                    )
                 nodes[child_path] = NodeView(
                     child_path,
                     parent,

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
+import torch
+
 from harness.adapters import ImplAdapter
 from harness.config import CacheConfig
 from harness.invariants import InvariantViolation, RequestHoldings, check_all
@@ -99,11 +101,14 @@ class PairedScheduler:
         self.adapter.fill_mamba(self.adapter.mamba_slot_of(live.impl_req), value)
         self.model.mamba_fill(live.model_req.mamba_slot, value)
 
-    def _check_match(self, operation: str, tokens: Sequence[int], impl_indices, impl_node, model_kv, model_last):
-        got = tuple(impl_indices.tolist())
+    def _check_match(self, operation: str, tokens: Sequence[int], match, model_kv, model_last):
+        got = tuple(match.device_indices.tolist())
         self._agree(operation, "matched KV slots", got, model_kv)
-        self._agree(operation, "last node", self.adapter.path_of(impl_node), model_last)
-        payload = self.adapter.read_kv(impl_indices) if got else []
+        self._agree(operation, "dtype of the matched KV slots", match.device_indices.dtype, torch.int64)
+        self._agree(operation, "last node", self.adapter.path_of(match.last_device_node), model_last)
+        # with no host tier, the host side of a match ends where the device side does
+        self._agree(operation, "last host node", self.adapter.path_of(match.last_host_node), model_last)
+        payload = self.adapter.read_kv(match.device_indices) if got else []
         if payload != list(tokens[: len(got)]):
             raise InvariantViolation(
                 "data_integrity",
@@ -209,7 +214,7 @@ class PairedScheduler:
             return False
         match = result["impl"]
         model_kv, model_last = result["model"]
-        self._check_match(operation, key, match.device_indices, match.last_device_node, model_kv, model_last)
+        self._check_match(operation, key, match, model_kv, model_last)
         self._agree(operation, "request's Mamba slot after cow", self.adapter.mamba_slot_of(impl_req), model_req.mamba_slot)
         impl_req.prefix_indices = match.device_indices
         impl_req.last_node = match.last_device_node
@@ -394,7 +399,7 @@ class PairedScheduler:
         result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
         model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
         self._flush_model_events()
-        self._check_match(operation, tokens, result.device_indices, result.last_device_node, model_kv, model_last)
+        self._check_match(operation, tokens, result, model_kv, model_last)
         return result.last_device_node, model_last
 
     def match(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
