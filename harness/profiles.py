@@ -31,7 +31,7 @@ def register_profiles() -> None:
     """Register dev, ci, nightly and mutation (each with an explicit parent)."""
     _register("dev", "default", max_examples=40, stateful_step_count=40)
     _register("ci", "ci", max_examples=60, stateful_step_count=50)
-    _register("mutation", "ci", max_examples=12, stateful_step_count=40)
+    _register("mutation", "ci", max_examples=8, stateful_step_count=40)
     _register(
         "nightly",
         "default",
