@@ -111,3 +111,16 @@ def test_a_backlog_of_stale_offers_is_dropped_as_paths_are_refreshed_not_by_one_
     checks.clear()
     assert queue.pop_lru() is nodes[49]
     assert checks == [49]
+
+
+def test_stale_offers_behind_a_current_one_are_compacted_away():
+    lst = make()
+    oldest, busy = Item(1), Item(2)
+    lst.insert_mru(oldest)
+    lst.insert_mru(busy)
+    for _ in range(500):  # each refresh leaves a stale offer behind `oldest`'s current one
+        lst.reset_mru(busy)
+    assert len(lst._queue._heap) <= 2 * len(lst) + 65
+    assert lst.pop_lru_evictable() is oldest
+    assert lst.pop_lru_evictable() is busy
+    assert lst.pop_lru_evictable() is None
