@@ -18,7 +18,7 @@ import torch
 from hypothesis import settings
 
 from harness.adapters import adapter_for
-from harness.fuzz import check_device
+from harness.config import check_device
 from harness.profiles import register_profiles
 from harness.sglang_adapter import sglang_unavailable
 

@@ -30,7 +30,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 
 from harness.adapters import ImplAdapter
 from harness.driver import PairedScheduler
-from harness.fuzz import Stats, best_device, check_device
+from harness.config import best_device, check_device
+from harness.fuzz import Stats
 from harness.machine import machine_for
 from harness.program import OperationChooser
 from strategies import SCENARIOS, Scenario

@@ -130,7 +130,7 @@ def run_fuzz(args, out: TextIO) -> int:
 def run_mutants(args, out: TextIO) -> int:
     from bench.mutants import BY_NAME, MUTANTS
     from bench.mutants.hunt import report
-    from harness.fuzz import best_device, check_device
+    from harness.config import best_device, check_device
     from harness.profiles import PROFILES
 
     device = args.device or best_device()

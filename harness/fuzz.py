@@ -32,6 +32,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.adapters import adapter_for
+from harness.config import best_device, check_device
 from harness.driver import PairedScheduler
 from harness.machine import PENDING_DIR, machine_for
 from harness.profiles import PROFILES, PROJECT_ROOT, register_profiles
@@ -43,20 +44,6 @@ from strategies.draws import RandomDraws
 ROUND_EXAMPLES = 5  # small rounds: the budget is checked between rounds
 PROGRESS_SECONDS_TTY = 0.5
 PROGRESS_SECONDS_LOG = 10.0
-
-
-def best_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def check_device(device: str) -> None:
-    """Raise ValueError naming `device` unless it is a torch device usable on this machine."""
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, TypeError):
-        raise ValueError(f"--device: not a torch device: {device!r}") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available on this machine")
 
 
 @dataclass
@@ -387,4 +374,4 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     return report
 
 
-__all__ = ["FuzzOptions", "Stats", "best_device", "check_device", "fuzz", "noted_trace_path", "shrink_operations"]
+__all__ = ["FuzzOptions", "Stats", "fuzz", "noted_trace_path", "shrink_operations"]
