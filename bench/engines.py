@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import sys
 import tempfile
 from typing import Dict, List
 
+from bench import write_json
 from harness.fuzz import FuzzOptions, run_single
 from harness.profiles import register_profiles
 
@@ -69,9 +69,7 @@ def main(argv: List[str] = None) -> int:
         f"ratio {result['ratio_of_medians']:.2f}x"
     )
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        write_json(args.json, result)
     return 0
 
 

@@ -23,6 +23,8 @@ import sys
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
+from bench import write_json
+
 _STRING = re.compile(r"""[rbfu]*("([^"\\]|\\.)*"|'([^'\\]|\\.)*')""")
 KINDS = ("behaviour", "validation", "message", "default", "not reached")
 
@@ -143,9 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(markdown(rows, totals))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"summary": totals, "mutants": rows}, f, indent=1)
-            f.write("\n")
+        write_json(args.json, {"summary": totals, "mutants": rows})
     return 0
 
 

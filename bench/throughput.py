@@ -17,7 +17,6 @@ driver (their time is not counted). Prints steps/s, the ratios, and the mean tre
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -28,6 +27,7 @@ from typing import Dict, List, Optional
 from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
+from bench import write_json
 from harness.adapters import ImplAdapter
 from harness.driver import PairedScheduler
 from harness.config import best_device, check_device
@@ -229,9 +229,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("steps/s; bare: Hypothesis alone (same machine shape, no cache work); harness: impl + model + every invariant "
           "after every step; random: the random engine; nodes: mean tree size at the end of a program")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": args.device, "seconds_per_run": args.seconds, "seed": args.seed, "rows": rows}, f, indent=1)
-            f.write("\n")
+        write_json(args.json, {"device": args.device, "seconds_per_run": args.seconds, "seed": args.seed, "rows": rows})
     return 0
 
 

@@ -19,7 +19,6 @@ built as `harness.sglang_adapter` builds it. Without SGLang installed, only impl
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -31,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 import impl
+from bench import write_json
 from harness.config import CacheConfig
 
 
@@ -350,9 +350,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                            for name, s in served.items()},
             "evict": {name: {str(n): c for n, c in per.items()} for name, per in costs.items()},
         }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        write_json(args.json, result)
     return 0
 
 

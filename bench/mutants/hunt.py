@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import multiprocessing
-import os
 import random
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence
 
-from bench.mutants.catalogue import BY_NAME, MUTANTS
+from bench import write_json
+from bench.mutants.catalogue import BY_NAME
 from bench.mutants.patch import applied
 
 # Cheap, eviction-heavy configurations first: most bugs show there within a few programs.
@@ -165,8 +163,6 @@ def report(names: Sequence[str], engine: str, profile: str, device: str, workers
     out.write(table(results) + "\n\n")
     out.write(f"{caught}/{len(results)} seeded bugs caught ({engine} engine, {profile} profile, {device}) in {elapsed:.0f} s\n")
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump({"engine": engine, "profile": profile, "device": device, "seconds": round(elapsed, 1),
-                       "results": [asdict(r) for r in results]}, f, indent=1)
-            f.write("\n")
+        write_json(json_path, {"engine": engine, "profile": profile, "device": device, "seconds": round(elapsed, 1),
+                               "results": [asdict(r) for r in results]})
     return 0 if caught == len(results) else 1
