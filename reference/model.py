@@ -16,6 +16,49 @@ Path = Tuple[Hashable, Tuple[int, ...]]
 ROOT: Path = (None, ())
 
 
+@dataclass(frozen=True)
+class Rules:
+    """The behaviours SGLang changed on purpose between releases, one named switch each."""
+
+    name: str
+    # a match moves the Mamba states of the whole matched path to MRU (else only the matched node's)
+    match_refreshes_mamba_path: bool = True
+    # insert moves the states it walks past, and an existing end state, to Mamba MRU (else only
+    # states new to the tree enter the Mamba list)
+    insert_refreshes_mamba: bool = True
+    # a split moves the lower part's state to Mamba MRU (else the Mamba list is left as it was)
+    split_refreshes_mamba: bool = True
+    # an insert that ends on an existing node makes that node full MRU again, ahead of the lower
+    # part of a split it just made
+    insert_refreshes_end_node: bool = False
+    # insert itself frees the caller's KV for tokens already cached past `prev_prefix_len` (else
+    # the caller frees them)
+    insert_frees_duplicate_kv: bool = False
+    # freeing a Mamba slot zeroes its state (else the state is stale until the next forward)
+    freed_mamba_zeroed: bool = True
+    # the first Mamba / request slot (a release that reserves slot 0 as a padding target uses 1)
+    first_mamba_slot: int = 0
+    first_req_slot: int = 0
+    # request slots are handed out from the tail of the free list (else from its head)
+    req_slots_from_tail: bool = False
+
+
+SGLANG_0_5_4 = Rules("0.5.4")
+SGLANG_0_5_20 = Rules(
+    "0.5.20",
+    match_refreshes_mamba_path=False,
+    insert_refreshes_mamba=False,
+    split_refreshes_mamba=False,
+    insert_refreshes_end_node=True,
+    insert_frees_duplicate_kv=True,
+    freed_mamba_zeroed=False,
+    first_mamba_slot=1,
+    first_req_slot=1,
+    req_slots_from_tail=True,
+)
+STALE = None  # the model's state for a Mamba slot whose data is not defined (freed, not zeroed)
+
+
 class ModelMambaExhausted(Exception):
     """The model says: no Mamba slot even after evict_mamba (the seed's assert fires)."""
 
@@ -58,12 +101,17 @@ def _lcp(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
 class ReferenceCache:
     """Model of the cache plus its three pools."""
 
-    def __init__(self, kv_size: int, mamba_size: int, req_size: int):
+    def __init__(self, kv_size: int, mamba_size: int, req_size: int, rules: Rules = SGLANG_0_5_4):
+        self.rules = rules
         self.nodes: Dict[Path, Record] = {}
-        self.kv_free: List[int] = list(range(1, kv_size + 1))  # rule: slot 0 is padding, never free
-        self.mamba_free: List[int] = list(range(mamba_size))
-        self.req_free: List[int] = list(range(req_size))
-        self.mamba_state: Dict[int, float] = {}  # expected state of each Mamba slot (absent = 0)
+        self.kv_slots = range(1, kv_size + 1)  # rule: KV slot 0 is padding, never free
+        self.mamba_slots = range(rules.first_mamba_slot, rules.first_mamba_slot + mamba_size)
+        self.req_slots = range(rules.first_req_slot, rules.first_req_slot + req_size)
+        self.kv_free: List[int] = list(self.kv_slots)
+        self.mamba_free: List[int] = list(self.mamba_slots)
+        self.req_free: List[int] = list(self.req_slots)
+        # expected state of each Mamba slot (absent = 0, STALE = not defined)
+        self.mamba_state: Dict[int, Optional[float]] = {}
         self.clock = 0
         self.events: List[str] = []  # reach labels of the rules that fired, for the harness
 
@@ -134,6 +182,8 @@ class ReferenceCache:
         chain = list(reversed(self.ancestors_and_self(path)))
         for p in chain:
             self._touch_full(p)
+        if not self.rules.match_refreshes_mamba_path:
+            chain = chain[-1:]  # rule (0.5.20): only the matched node's state is used, so only it is refreshed
         for p in chain:
             if self.nodes[p].mamba is not None:  # rule: tombstones are not in the Mamba list
                 self._touch_mamba(p)
@@ -158,8 +208,8 @@ class ReferenceCache:
         rec.kv = rec.kv[keep:]
         self._touch_full(upper)  # rule: upper inserted MRU, then the lower part ahead of it
         self._touch_full(path)
-        if rec.mamba is not None:
-            self._touch_mamba(path)
+        if rec.mamba is not None and self.rules.split_refreshes_mamba:
+            self._touch_mamba(path)  # rule (0.5.4): the lower part's state is re-inserted MRU
         return upper
 
     def match_prefix(self, tokens: Tuple[int, ...], extra: Hashable) -> Tuple[Tuple[int, ...], Path]:
@@ -181,7 +231,9 @@ class ReferenceCache:
         self._touch_path(best)
         return self.kv_of(best) if best != ROOT else (), best
 
-    def insert(self, tokens: Tuple[int, ...], extra: Hashable, kv: Tuple[int, ...], mamba: int) -> Tuple[int, bool]:
+    def insert(
+        self, tokens: Tuple[int, ...], extra: Hashable, kv: Tuple[int, ...], mamba: int, prev_prefix_len: int = 0
+    ) -> Tuple[int, bool]:
         """rule: walk the key refreshing each node (splitting where it diverges); add the rest
         as a new holder leaf, or make the end node a holder, or report that it already is one."""
         if not tokens:
@@ -193,11 +245,15 @@ class ReferenceCache:
             if child is None:
                 break
             self._touch_full(child)
-            if self.nodes[child].mamba is not None:
+            if self.nodes[child].mamba is not None and self.rules.insert_refreshes_mamba:
                 self._touch_mamba(child)
             common = _lcp(child[1], tokens)
             prefix_len += common - len(at[1])
             at = self._split(child, common - len(at[1])) if common < len(child[1]) else child
+        if self.rules.insert_frees_duplicate_kv and prev_prefix_len < prefix_len:
+            self.free_kv(kv[prev_prefix_len:prefix_len])  # rule (0.5.20): insert frees the caller's duplicate KV
+        if len(at[1]) == len(tokens) and self.rules.insert_refreshes_end_node:
+            self._touch_full(at)  # rule (0.5.20): an existing end node becomes full MRU again
         if len(at[1]) < len(tokens):
             path = (extra, tokens)
             self.nodes[path] = Record(kv=kv[len(at[1]):], mamba=mamba)
@@ -210,7 +266,8 @@ class ReferenceCache:
             rec.mamba = mamba  # rule: inserting onto a tombstone makes it a holder again
             self._touch_mamba(at)
             return prefix_len, False
-        self._touch_mamba(at)  # rule: the state already exists; caller keeps its own
+        if self.rules.insert_refreshes_mamba:
+            self._touch_mamba(at)  # rule (0.5.4): the existing state is refreshed; caller keeps its own
         self.note("mamba_exist=True")
         return prefix_len, True
 
@@ -333,17 +390,17 @@ class ReferenceCache:
 
     def free_mamba(self, slots) -> None:
         for s in slots:
-            self.mamba_state.pop(s, None)  # rule: freeing a Mamba slot zeroes its state
+            if self.rules.freed_mamba_zeroed:
+                self.mamba_state.pop(s, None)  # rule: freeing a Mamba slot zeroes its state
+            else:
+                self.mamba_state[s] = STALE  # rule (0.5.20): a freed slot keeps stale data
         self.mamba_free.extend(slots)
 
     def mamba_fill(self, slot: int, value: float) -> None:
         self.mamba_state[slot] = value
 
     def mamba_copy(self, src: int, dst: int) -> None:
-        if src in self.mamba_state:
-            self.mamba_state[dst] = self.mamba_state[src]
-        else:
-            self.mamba_state.pop(dst, None)
+        self.mamba_state[dst] = self.mamba_state.get(src, 0.0)
 
     def req_alloc(self, req: ModelReq) -> Optional[int]:
         """rule: a request slot, plus a Mamba slot for a request without one; all or nothing."""
@@ -351,7 +408,7 @@ class ReferenceCache:
             return None
         if req.mamba_slot is None:
             req.mamba_slot = self.mamba_alloc(1)[0]
-        req.req_slot = self.req_free.pop(0)
+        req.req_slot = self.req_free.pop(-1 if self.rules.req_slots_from_tail else 0)
         return req.req_slot
 
     def req_free_slot(self, req: ModelReq, free_mamba: bool) -> None:
@@ -394,8 +451,9 @@ class ReferenceCache:
             if fork is None:
                 raise ModelMambaExhausted()
         self.mamba_copy(req.mamba_slot, fork[0])
-        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, fork[0])
-        self.free_kv(kv[len(req.prefix):new_prefix_len])
+        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, fork[0], len(req.prefix))
+        if not self.rules.insert_frees_duplicate_kv:
+            self.free_kv(kv[len(req.prefix):new_prefix_len])
         if exist:
             self.free_mamba(fork)
         new_kv, new_last = self.match_prefix(tokens, req.extra_key)
@@ -410,7 +468,8 @@ class ReferenceCache:
         duplicate KV, the request slot, and the state if one already existed; unlock."""
         tokens = (req.origin + tuple(req.output))[:-1]
         kv = tuple(req.row[i] for i in range(len(tokens)))
-        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, req.mamba_slot)
-        self.free_kv(kv[len(req.prefix):new_prefix_len])
+        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, req.mamba_slot, len(req.prefix))
+        if not self.rules.insert_frees_duplicate_kv:
+            self.free_kv(kv[len(req.prefix):new_prefix_len])
         self.req_free_slot(req, free_mamba=exist)
         self.dec_lock(req.last)
