@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,6 +17,7 @@ import impl
 from harness.config import CacheConfig
 from harness.invariants import InvariantViolation
 from harness.snapshot import NodeView, Path, Snapshot
+from reference import SGLANG_0_5_4, Rules
 
 ROOT_PATH: Path = (None, ())
 
@@ -24,8 +25,12 @@ ROOT_PATH: Path = (None, ())
 class CacheAdapter:
     """What the driver and the checks need from one cache under test and its three pools.
 
-    Subclasses build `cache`, `kv`, `req_pool` and `mamba_pool` from a `CacheConfig` and say how
-    to read their LRU lists and how the harness writes and reads KV and Mamba data.
+    Subclasses build `cache`, `kv`, `req_pool`, `mamba_pool` (the Mamba states) and `mamba_slots`
+    (what hands out Mamba slots: the pool itself up to SGLang 0.5.4) from a `CacheConfig`, and
+    say how to read their LRU lists and how the harness writes and reads KV and Mamba data. The
+    cache and pool calls the driver makes go through the methods below, written for SGLang
+    0.5.4's API (which `impl` shares); an adapter for another API translates them, and names
+    in `rules` the release behaviour the reference model follows for it.
     """
 
     name = "abstract"
@@ -35,12 +40,15 @@ class CacheAdapter:
     # short; where it cannot (SGLang asserts), the driver does not admit such a request
     req_alloc_fails_gracefully: bool = True
 
+    rules: Rules = SGLANG_0_5_4
+
     config: CacheConfig
     device: torch.device
     cache: Any
     kv: Any
     req_pool: Any
     mamba_pool: Any
+    mamba_slots: Any
 
     def version(self) -> str:
         raise NotImplementedError
@@ -63,6 +71,56 @@ class CacheAdapter:
     def mamba_slot_of(self, req: Any) -> Optional[int]:
         return None if req.mamba_pool_idx is None else int(req.mamba_pool_idx)
 
+    # ----- the cache and pool calls the driver makes -------------------------------------------
+
+    def match_prefix(self, key: Any, req: Any = None) -> Any:
+        """`match_prefix(key)`; with `req`, copy-on-write the matched state into its Mamba slot."""
+        if req is None:
+            return self.cache.match_prefix(key)
+        return self.cache.match_prefix(key, cow_mamba=True, req=req)
+
+    def adopt_match(self, req: Any, match: Any) -> None:
+        """Record a match on the request, as the scheduler does before it locks the node."""
+        req.prefix_indices = match.device_indices
+        req.last_node = match.last_device_node
+
+    def insert(self, key: Any, kv: torch.Tensor, mamba: torch.Tensor) -> Tuple[int, bool]:
+        """Raw insert; returns (prefix_len, mamba_exist)."""
+        prefix_len, exist = self.cache.insert(key, kv, mamba)
+        return prefix_len, exist
+
+    def cache_unfinished_req(self, req: Any, chunked: bool) -> None:
+        self.cache.cache_unfinished_req(req, chunked=chunked)
+
+    def cache_finished_req(self, req: Any) -> None:
+        """Cache a finished request; its request slot is released with it."""
+        self.cache.cache_finished_req(req)
+
+    def evict(self, num_tokens: int) -> None:
+        self.cache.evict(num_tokens)
+
+    def evict_mamba(self, num: int) -> None:
+        self.cache.evict_mamba(num)
+
+    def inc_lock_ref(self, node: Any) -> None:
+        self.cache.inc_lock_ref(node)
+
+    def dec_lock_ref(self, node: Any) -> None:
+        self.cache.dec_lock_ref(node)
+
+    def alloc_req_slot(self, req: Any) -> Optional[int]:
+        """A request slot for `req` (and a Mamba slot if it has none), or None."""
+        got = self.req_pool.alloc(1, [req])
+        if got is None:
+            return None
+        req.req_pool_idx = got[0]
+        return got[0]
+
+    def free_req_slot(self, req: Any, free_mamba: bool) -> None:
+        """Give back the request's slot, and its Mamba slot with it if `free_mamba`."""
+        self.req_pool.free(req.req_pool_idx, free_mamba_cache=free_mamba)
+        req.req_pool_idx = None
+
     # ----- the data the harness writes (a stand-in for forward passes) ------------------------
 
     def write_kv(self, slots: Sequence[int], tokens: Sequence[int]) -> None:
@@ -77,29 +135,35 @@ class CacheAdapter:
         """The token id stored in every KV slot 0..size."""
         raise NotImplementedError
 
+    def mamba_tensors(self) -> List[torch.Tensor]:
+        """The Mamba pool's state tensors, each indexed [layer, slot, ...], the one kept in the
+        widest dtype first."""
+        cache = self.mamba_pool.mamba_cache
+        return [cache.temporal, cache.conv]
+
     def fill_mamba(self, slot: int, value: float) -> None:
         """Set every element of Mamba slot `slot`'s states to `value`."""
         index = self.indices([slot])
-        for state in (self.mamba_pool.mamba_cache.conv, self.mamba_pool.mamba_cache.temporal):
+        for state in self.mamba_tensors():
             state.index_fill_(1, index, value)
 
     def mamba_states(self) -> List[Optional[float]]:
-        """Per Mamba slot: its state value if every element of both states agrees, else None.
+        """Per Mamba slot (0 up to the model's last): its state value if every element of every
+        state tensor agrees, else None.
 
         A state kept in a narrower dtype than the value (SGLang keeps conv in bfloat16) agrees
         when it holds the value rounded to its dtype."""
-        cache = self.mamba_pool.mamba_cache
-        size = self.config.mamba_size
+        end = self.rules.first_mamba_slot + self.config.mamba_size
         readings = []
-        for state in (cache.temporal, cache.conv):
-            flat = state.flatten(2)[:, :size]
-            readings.append(torch.stack((flat.amin((0, 2)), flat.amax((0, 2)))).float())
-        (t_low, t_high), (c_low, c_high) = (r.tolist() for r in readings)
-        conv_dtype = cache.conv.dtype
-        rounded = torch.tensor(t_low, dtype=torch.float32).to(conv_dtype).float().tolist()
+        for state in self.mamba_tensors():
+            flat = state[:, :end].flatten(2)
+            low, high = torch.stack((flat.amin((0, 2)), flat.amax((0, 2)))).float().tolist()
+            readings.append((state.dtype, low, high))
+        values = readings[0][1]
+        as_stored = {dtype: torch.tensor(values).to(dtype).float().tolist() for dtype, _, _ in readings}
         return [
-            t_lo if t_lo == t_hi and c_lo == c_hi == r else None
-            for t_lo, t_hi, c_lo, c_hi, r in zip(t_low, t_high, c_low, c_high, rounded)
+            value if all(low[slot] == high[slot] == as_stored[dtype][slot] for dtype, low, high in readings) else None
+            for slot, value in enumerate(values)
         ]
 
     def req_row(self, req_slot: int, length: int) -> List[int]:
@@ -173,7 +237,7 @@ class CacheAdapter:
             ),
             root_locks=(cache.root_node.full_lock_ref, cache.root_node.mamba_lock_ref),
             kv_free=torch.cat((self.kv.free_pages, self.kv.release_pages)).tolist(),
-            mamba_free=self.mamba_pool.free_slots.tolist(),
+            mamba_free=self.mamba_slots.free_slots.tolist(),
             req_free=list(self.req_pool.free_slots),
             kv_size=self.config.kv_size,
             mamba_size=self.config.mamba_size,
@@ -212,7 +276,7 @@ class ImplAdapter(CacheAdapter):
             device=config.device,
             debug=True,
         )
-        self.mamba_pool = self.req_pool.mamba_pool
+        self.mamba_pool = self.mamba_slots = self.req_pool.mamba_pool
         self.cache = cache_class(self.req_pool, self.kv, page_size=config.page_size)
         self.device = torch.device(config.device)
 
@@ -256,12 +320,12 @@ def adapter_for(impl_name: str) -> Callable[[CacheConfig], Any]:
     if impl_name == "impl":
         return ImplAdapter
     if impl_name == "sglang":
-        from harness.sglang_adapter import SglangAdapter, sglang_unavailable
+        from harness.sglang_adapter import adapter_class, sglang_unavailable
 
         reason = sglang_unavailable()
         if reason:
             raise ValueError(f"--impl sglang: {reason}")
-        return SglangAdapter
+        return adapter_class()
     module_name, _, class_name = impl_name.partition(":")
     if not module_name or not class_name:
         raise ValueError(f"--impl must be 'impl', 'sglang' or MODULE:CLASS, got {impl_name!r}")

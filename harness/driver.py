@@ -63,7 +63,7 @@ class PairedScheduler:
         self.config = config
         self.adapter = adapter_factory(config)
         self.cache = self.adapter.cache
-        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size)
+        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.adapter.rules)
         self.on_event = on_event
         self.requests: Dict[int, LiveRequest] = {}
         self.pins: List[Pin] = []
@@ -123,12 +123,12 @@ class PairedScheduler:
 
     def _free_mamba(self, slot: int) -> None:
         """Return a Mamba slot the harness owns, in both."""
-        self.adapter.mamba_pool.free(self.adapter.indices([slot]))
+        self.adapter.mamba_slots.free(self.adapter.indices([slot]))
         self.model.free_mamba([slot])
 
     def _evict_mamba_if_short(self) -> None:
         """With no Mamba slot free, evict one state first, as the scheduler does."""
-        if self.adapter.mamba_pool.available_size() < 1:
+        if self.adapter.mamba_slots.available_size() < 1:
             self.evict_mamba(1)
             self.on_event("Mamba allocation short: evicted, then retried")
 
@@ -147,7 +147,7 @@ class PairedScheduler:
 
     def _alloc_mamba(self, operation: str) -> Optional[int]:
         self._evict_mamba_if_short()
-        got = self.adapter.mamba_pool.alloc(1)
+        got = self.adapter.mamba_slots.alloc(1)
         want = self.model.mamba_alloc(1)
         got_list = None if got is None else got.tolist()
         self._agree(operation, "Mamba allocation", got_list, want)
@@ -158,11 +158,11 @@ class PairedScheduler:
         owned = live.model_req.row
         self._free_kv([owned[i] for i in range(len(live.model_req.prefix), live.kv_len)])
         if live.model_req.req_slot is not None:
-            self.adapter.req_pool.free(live.impl_req.req_pool_idx, free_mamba_cache=True)
+            self.adapter.free_req_slot(live.impl_req, free_mamba=True)
             self.model.req_free_slot(live.model_req, free_mamba=True)
         elif live.model_req.mamba_slot is not None:
             self._free_mamba(live.model_req.mamba_slot)
-        self.cache.dec_lock_ref(live.impl_req.last_node)
+        self.adapter.dec_lock_ref(live.impl_req.last_node)
         self.model.dec_lock(live.model_req.last)
         del self.requests[live.rid]
 
@@ -204,8 +204,7 @@ class PairedScheduler:
         result: Dict[str, Any] = {}
 
         def impl_call():
-            kwargs = {"cow_mamba": True, "req": impl_req} if cow else {}
-            result["impl"] = self.cache.match_prefix(self.adapter.key(key, model_req.extra_key), **kwargs)
+            result["impl"] = self.adapter.match_prefix(self.adapter.key(key, model_req.extra_key), impl_req if cow else None)
 
         def model_call():
             result["model"] = self.model.match_for_request(model_req, tuple(key), cow)
@@ -216,10 +215,9 @@ class PairedScheduler:
         model_kv, model_last = result["model"]
         self._check_match(operation, key, match, model_kv, model_last)
         self._agree(operation, "request's Mamba slot after cow", self.adapter.mamba_slot_of(impl_req), model_req.mamba_slot)
-        impl_req.prefix_indices = match.device_indices
-        impl_req.last_node = match.last_device_node
+        self.adapter.adopt_match(impl_req, match)
         model_req.prefix, model_req.last = model_kv, model_last
-        self.cache.inc_lock_ref(impl_req.last_node)
+        self.adapter.inc_lock_ref(impl_req.last_node)
         self.model.inc_lock(model_last)
         return True
 
@@ -246,7 +244,7 @@ class PairedScheduler:
         its lock moves to the node now found, and cow copies into the slot it already has."""
         operation = f"rematch(rid={rid})"
         live = self._live(rid, "waiting", operation)
-        self.cache.dec_lock_ref(live.impl_req.last_node)
+        self.adapter.dec_lock_ref(live.impl_req.last_node)
         self.model.dec_lock(live.model_req.last)
         if not self._match_and_lock(live, True, operation):
             if live.model_req.mamba_slot is not None:
@@ -259,30 +257,28 @@ class PairedScheduler:
         operation = f"admit(rid={rid}, chunk={chunk})"
         live = self._live(rid, "waiting", operation)
         self._evict_mamba_if_short()
-        short = live.model_req.mamba_slot is None and self.adapter.mamba_pool.available_size() < 1
+        short = live.model_req.mamba_slot is None and self.adapter.mamba_slots.available_size() < 1
         if short and not self.adapter.req_alloc_fails_gracefully:
             # SGLang's scheduler admits only what its Mamba budget fits (its pool's alloc
             # cannot fail gracefully), so a request that still needs a slot waits
             self.on_event("request slot allocation failed")
             return False
-        got = self.adapter.req_pool.alloc(1, [live.impl_req])
+        got = self.adapter.alloc_req_slot(live.impl_req)
         want = self.model.req_alloc(live.model_req)
-        self._agree(operation, "request slot", None if got is None else got[0], want)
+        self._agree(operation, "request slot", got, want)
         if got is None:
             self.on_event("request slot allocation failed")
             return False
-        live.impl_req.req_pool_idx = got[0]
         self._agree(operation, "request's Mamba slot", self.adapter.mamba_slot_of(live.impl_req), live.model_req.mamba_slot)
         prefix = live.model_req.prefix
         if prefix:
-            self.adapter.req_pool.write((got[0], slice(0, len(prefix))), live.impl_req.prefix_indices.to(self.adapter.req_pool.req_to_token.dtype))
+            self.adapter.req_pool.write((got, slice(0, len(prefix))), live.impl_req.prefix_indices.to(self.adapter.req_pool.req_to_token.dtype))
         live.model_req.row = dict(enumerate(prefix))
         live.kv_len = len(prefix)
         live.phase = "prefill"
         if not self.prefill_chunk(rid, chunk, first_output):
-            self.adapter.req_pool.free(got[0], free_mamba_cache=False)
+            self.adapter.free_req_slot(live.impl_req, free_mamba=False)
             self.model.req_free_slot(live.model_req, free_mamba=False)
-            live.impl_req.req_pool_idx = None
             live.phase = "waiting"
             return False
         return True
@@ -326,7 +322,7 @@ class PairedScheduler:
             self.on_event("chunked prefill step")
         if self._both_raise(
             operation,
-            lambda: self.cache.cache_unfinished_req(live.impl_req, chunked=not done),
+            lambda: self.adapter.cache_unfinished_req(live.impl_req, chunked=not done),
             lambda: self.model.cache_unfinished_req(live.model_req),
         ):
             self._release(live)
@@ -348,7 +344,7 @@ class PairedScheduler:
     def finish(self, rid: int) -> None:
         """The request is done: cache_finished_req."""
         live = self._live(rid, "decode", f"finish(rid={rid})")
-        self.cache.cache_finished_req(live.impl_req)
+        self.adapter.cache_finished_req(live.impl_req)
         self.model.cache_finished_req(live.model_req)
         self._flush_model_events()
         del self.requests[rid]
@@ -361,18 +357,19 @@ class PairedScheduler:
     # ----- direct cache calls -----------------------------------------------------------------
 
     def evict(self, num_tokens: int) -> None:
-        self.cache.evict(num_tokens)
+        self.adapter.evict(num_tokens)
         self.model.evict(num_tokens)
         self._flush_model_events()
 
     def evict_mamba(self, num: int) -> None:
-        self.cache.evict_mamba(num)
+        self.adapter.evict_mamba(num)
         self.model.evict_mamba(num)
         self._flush_model_events()
 
     def insert(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
         """Raw insert with fresh KV and a fresh Mamba state; the caller frees what the tree
-        did not take (the cached prefix's slots, and the state if one existed)."""
+        did not take (the cached prefix's slots, unless the release's insert frees them, and
+        the state if one existed)."""
         operation = f"insert({list(tokens)}, extra_key={extra_key!r})"
         kv = self._alloc_kv(operation, len(tokens))
         if kv is None:
@@ -385,18 +382,19 @@ class PairedScheduler:
         value = self._fingerprint()
         self.adapter.fill_mamba(mamba, value)
         self.model.mamba_fill(mamba, value)
-        got = self.cache.insert(self.adapter.key(tokens, extra_key), self.adapter.indices(kv), self.adapter.indices([mamba]))
+        got = self.adapter.insert(self.adapter.key(tokens, extra_key), self.adapter.indices(kv), self.adapter.indices([mamba]))
         want = self.model.insert(tuple(tokens), extra_key, tuple(kv), mamba)
         self._flush_model_events()
         self._agree(operation, "(prefix_len, mamba_exist)", tuple(got), want)
         prefix_len, exist = want
-        self._free_kv(kv[:prefix_len])
+        if not self.model.rules.insert_frees_duplicate_kv:
+            self._free_kv(kv[:prefix_len])
         if exist:
             self._free_mamba(mamba)
 
     def _paired_match(self, operation: str, tokens: Sequence[int], extra_key: Hashable) -> Tuple[Any, Tuple]:
         """A plain match (no cow) in both, compared; returns (implementation node, model path)."""
-        result = self.cache.match_prefix(self.adapter.key(tokens, extra_key))
+        result = self.adapter.match_prefix(self.adapter.key(tokens, extra_key))
         model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
         self._flush_model_events()
         self._check_match(operation, tokens, result, model_kv, model_last)
@@ -408,7 +406,7 @@ class PairedScheduler:
     def lock(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
         """Match and lock the matched node (as a scheduler holding a prefix would)."""
         node, path = self._paired_match(f"lock({list(tokens)}, extra_key={extra_key!r})", tokens, extra_key)
-        self.cache.inc_lock_ref(node)
+        self.adapter.inc_lock_ref(node)
         self.model.inc_lock(path)
         self.pins.append(Pin(node, path))
 
@@ -416,7 +414,7 @@ class PairedScheduler:
         if index >= len(self.pins):
             raise OperationError("args.index", f"unlock: no pin {index} (pins held: {len(self.pins)})")
         pin = self.pins.pop(index)
-        self.cache.dec_lock_ref(pin.node)
+        self.adapter.dec_lock_ref(pin.node)
         self.model.dec_lock(pin.path)
 
     def unlock_unlocked(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
@@ -428,7 +426,7 @@ class PairedScheduler:
             return
         before = self.adapter.snapshot()
         try:
-            self.cache.dec_lock_ref(node)
+            self.adapter.dec_lock_ref(node)
         except self.adapter.misuse_error:
             self.on_event("misuse refused")
         else:
