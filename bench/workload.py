@@ -265,9 +265,12 @@ def evict_cost(name: str, nodes: int, device: str, seed: int, calls: int = 200, 
 
 
 def available_caches(requested: Optional[List[str]]) -> List[str]:
-    from harness.sglang_adapter import sglang_unavailable
+    from harness.sglang_adapter import sglang_unavailable, sglang_version
 
     why = sglang_unavailable()
+    if not why and sglang_version() != "0.5.4":
+        # the workload calls the cache with 0.5.4's API, the release the benchmark compares with
+        why = f"the benchmark drives SGLang 0.5.4's API; SGLang {sglang_version()} is installed"
     if requested is None:
         if why:
             print(f"sglang: not measured: {why}")

@@ -6,7 +6,7 @@ set -euo pipefail
 version="${1:-0.5.4}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 reqs="$here/requirements/sglang-$version.txt"
-[ -f "$reqs" ] || { echo "install-sglang: no requirements/sglang-$version.txt (supported: 0.5.4)" >&2; exit 2; }
+[ -f "$reqs" ] || { echo "install-sglang: no requirements/sglang-$version.txt (supported: 0.5.4, 0.5.20)" >&2; exit 2; }
 torch_version="$(python -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" || {
   echo "install-sglang: install torch first (pip install torch==2.13.0)" >&2; exit 2; }
 constraints="$(mktemp)"
