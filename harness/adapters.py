@@ -154,17 +154,15 @@ class CacheAdapter:
         A state kept in a narrower dtype than the value (SGLang keeps conv in bfloat16) agrees
         when it holds the value rounded to its dtype."""
         end = self.rules.first_mamba_slot + self.config.mamba_size
-        readings = []
+        value = agrees = None
         for state in self.mamba_tensors():
             flat = state[:, :end].flatten(2)
-            low, high = torch.stack((flat.amin((0, 2)), flat.amax((0, 2)))).float().tolist()
-            readings.append((state.dtype, low, high))
-        values = readings[0][1]
-        as_stored = {dtype: torch.tensor(values).to(dtype).float().tolist() for dtype, _, _ in readings}
-        return [
-            value if all(low[slot] == high[slot] == as_stored[dtype][slot] for dtype, low, high in readings) else None
-            for slot, value in enumerate(values)
-        ]
+            low, high = flat.amin((0, 2)), flat.amax((0, 2))
+            if value is None:
+                value, agrees = low.float(), low == high
+            else:
+                agrees &= (low == high) & (low == value.to(state.dtype))
+        return [v if ok else None for v, ok in zip(value.tolist(), agrees.tolist())]
 
     def req_row(self, req_slot: int, length: int) -> List[int]:
         return self.req_pool.req_to_token[req_slot, :length].tolist()
@@ -193,32 +191,41 @@ class CacheAdapter:
 
     def snapshot(self) -> Snapshot:
         cache = self.cache
-        nodes: Dict[Path, NodeView] = {}
-        path_by_id: Dict[int, Path] = {}
-        stack = [(cache.root_node, ROOT_PATH)]
         root = cache.root_node
+        walked = []  # (node, its path, its parent's path) in the order the walk meets them
+        path_by_id: Dict[int, Path] = {}
+        stack = [(root, ROOT_PATH)]
         while stack:
             node, path = stack.pop()
             parent = None if node is root else path
             for child in node.children.values():
                 key = child.key
                 child_path = (key.extra_key, path[1] + tuple(key.token_ids))
-                mamba = child.mamba_value
                 if child.value.dtype != torch.int64:
                     raise InvariantViolation(
                         "trees_equal", f"node {child_path}: KV slots stored as {child.value.dtype}, not torch.int64"
                     )
-                nodes[child_path] = NodeView(
-                    child_path,
-                    parent,
-                    tuple(child.value.tolist()),
-                    None if mamba is None else mamba.tolist()[0],
-                    child.full_lock_ref,
-                    child.mamba_lock_ref,
-                    len(child.children),
-                )
+                walked.append((child, child_path, parent))
                 path_by_id[id(child)] = child_path
                 stack.append((child, child_path))
+        # every node's KV slots and Mamba slot read with one transfer each, not one per node
+        kv_slots = torch.cat([n.value for n, _, _ in walked]).tolist() if walked else []
+        holders = [n.mamba_value for n, _, _ in walked if n.mamba_value is not None]
+        mamba_slots = iter(torch.cat(holders).tolist() if holders else [])
+        nodes: Dict[Path, NodeView] = {}
+        start = 0
+        for node, path, parent in walked:
+            end = start + len(node.value)
+            nodes[path] = NodeView(
+                path,
+                parent,
+                tuple(kv_slots[start:end]),
+                None if node.mamba_value is None else next(mamba_slots),
+                node.full_lock_ref,
+                node.mamba_lock_ref,
+                len(node.children),
+            )
+            start = end
 
         def listed(which: str) -> List[Path]:
             return [path_by_id.get(id(n), ("<not in tree>", (n.id,))) for n in self.lru_members(which)]

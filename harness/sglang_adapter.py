@@ -25,7 +25,7 @@ import importlib.machinery
 import os
 import sys
 import types
-from typing import Any, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -213,7 +213,10 @@ class SglangAdapter(CacheAdapter):
         self._kv_data = torch.zeros(config.kv_size + 1, dtype=torch.int64, device=self.device)
 
     def _build_req_pool(self, config: CacheConfig) -> Any:
-        return self.sgl.HybridReqToTokenPool(
+        return self.sgl.HybridReqToTokenPool(**self._req_pool_args(config))
+
+    def _req_pool_args(self, config: CacheConfig) -> Dict[str, Any]:
+        return dict(
             size=config.req_size,
             mamba_size=config.mamba_size,
             max_context_len=config.max_context_len,
@@ -322,18 +325,12 @@ class Sglang0520Adapter(SglangAdapter):
     rules = SGLANG_0_5_20
     _chunk_size = 64  # the Mamba cache chunk size SGLang's own test kits pin
 
-    def _build_req_pool(self, config: CacheConfig) -> Any:
-        return self.sgl.HybridReqToTokenPool(
-            size=config.req_size,
-            mamba_size=config.mamba_size,
+    def _req_pool_args(self, config: CacheConfig) -> Dict[str, Any]:
+        return dict(
+            super()._req_pool_args(config),
             mamba_spec_state_size=config.mamba_size,
-            max_context_len=config.max_context_len,
-            device=config.device,
-            enable_memory_saver=False,
-            cache_params=_tiny_mamba_params(self.sgl),
             mamba_layer_ids=[0],
             enable_mamba_extra_buffer=False,
-            speculative_num_draft_tokens=None,
             enable_overlap_schedule=False,
         )
 
