@@ -46,8 +46,7 @@ class TombstoneLeafLeftBehind(MambaRadixCache):
 
 class _ParentFirstLRUList(LRUList):
     def reset_path_mru(self, path):
-        for node in path:
-            self.reset_mru(node)
+        super().reset_path_mru(tuple(reversed(path)))
 
 
 class WrongLRURefreshOrder(MambaRadixCache):
