@@ -154,15 +154,18 @@ class CacheAdapter:
         A state kept in a narrower dtype than the value (SGLang keeps conv in bfloat16) agrees
         when it holds the value rounded to its dtype."""
         end = self.rules.first_mamba_slot + self.config.mamba_size
-        value = agrees = None
-        for state in self.mamba_tensors():
-            flat = state[:, :end].flatten(2)
-            low, high = flat.amin((0, 2)), flat.amax((0, 2))
-            if value is None:
-                value, agrees = low.float(), low == high
-            else:
-                agrees &= (low == high) & (low == value.to(state.dtype))
-        return [v if ok else None for v, ok in zip(value.tolist(), agrees.tolist())]
+        # one transfer per state tensor; the comparing is done on the host, per slot
+        readings = [(s.dtype, s[:, :end].transpose(0, 1).reshape(end, -1).tolist()) for s in self.mamba_tensors()]
+        first_dtype, first_rows = readings[0]
+        values = [row[0] for row in first_rows]
+        as_stored = {first_dtype: values}
+        for dtype, _ in readings:
+            if dtype not in as_stored:
+                as_stored[dtype] = torch.tensor(values, dtype=first_dtype).to(dtype).float().tolist()
+        agrees = [True] * end
+        for dtype, rows in readings:
+            agrees = [ok and row.count(want) == len(row) for ok, row, want in zip(agrees, rows, as_stored[dtype])]
+        return [value if ok else None for value, ok in zip(values, agrees)]
 
     def req_row(self, req_slot: int, length: int) -> List[int]:
         return self.req_pool.req_to_token[req_slot, :length].tolist()
@@ -208,18 +211,20 @@ class CacheAdapter:
                 walked.append((child, child_path, parent))
                 path_by_id[id(child)] = child_path
                 stack.append((child, child_path))
-        # every node's KV slots and Mamba slot read with one transfer each, not one per node
-        kv_slots = torch.cat([n.value for n, _, _ in walked]).tolist() if walked else []
+        # every node's KV slots, then every holder's Mamba slot, read with one transfer, not
+        # one per node
+        kv_tensors = [n.value for n, _, _ in walked]
         holders = [n.mamba_value for n, _, _ in walked if n.mamba_value is not None]
-        mamba_slots = iter(torch.cat(holders).tolist() if holders else [])
+        slots = torch.cat(kv_tensors + holders).tolist() if walked else []
+        mamba_slots = iter(slots[len(slots) - len(holders) :])
         nodes: Dict[Path, NodeView] = {}
         start = 0
-        for node, path, parent in walked:
-            end = start + len(node.value)
+        for (node, path, parent), kv in zip(walked, kv_tensors):
+            end = start + kv.shape[0]
             nodes[path] = NodeView(
                 path,
                 parent,
-                tuple(kv_slots[start:end]),
+                tuple(slots[start:end]),
                 None if node.mamba_value is None else next(mamba_slots),
                 node.full_lock_ref,
                 node.mamba_lock_ref,
@@ -243,13 +248,18 @@ class CacheAdapter:
                 cache.mamba_protected_size(),
             ),
             root_locks=(cache.root_node.full_lock_ref, cache.root_node.mamba_lock_ref),
-            kv_free=torch.cat((self.kv.free_pages, self.kv.release_pages)).tolist(),
+            kv_free=self._kv_free(),
             mamba_free=self.mamba_slots.free_slots.tolist(),
             req_free=list(self.req_pool.free_slots),
             kv_size=self.config.kv_size,
             mamba_size=self.config.mamba_size,
             req_size=self.config.req_size,
         )
+
+    def _kv_free(self) -> List[int]:
+        """The free KV slots in hand-out order: `free_pages`, then any not yet merged back."""
+        free, released = self.kv.free_pages, self.kv.release_pages
+        return (torch.cat((free, released)) if released.numel() else free).tolist()
 
     def format_tree(self) -> str:
         """The tree, one node per line, indented by depth."""
