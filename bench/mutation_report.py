@@ -59,8 +59,10 @@ def kind_of(status: str, diff: str) -> str:
     old, new = removed[0], added[0]
     position = original.index(old)
     start = next((i for i, line in enumerate(original) if line.lstrip().startswith("def ")), None)
-    if start is not None:  # the diff's context reaches the signature
-        end = next(i for i, line in enumerate(original[start:], start) if line.rstrip().endswith(":"))
+    end = None
+    if start is not None:  # the diff's context reaches the signature (or the start of it)
+        end = next((i for i, line in enumerate(original[start:], start) if line.rstrip().endswith(":")), None)
+    if end is not None:
         if start <= position <= end and "=" in old:
             return "default"
     if _without_strings(old) == _without_strings(new):

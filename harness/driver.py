@@ -436,6 +436,10 @@ class PairedScheduler:
     # ----- checks -----------------------------------------------------------------------------
 
     def holdings(self) -> List[RequestHoldings]:
+        """What each live request owns, after checking its req_to_token row against the model."""
+        rows = self.adapter.req_pool.req_to_token
+        if rows.dtype != torch.int32:  # SGLang's dtype; a float one would round large slot ids
+            raise InvariantViolation("pool_conservation", f"req_to_token holds {rows.dtype}, not torch.int32")
         out = []
         for live in self.requests.values():
             row = live.model_req.row

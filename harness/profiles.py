@@ -4,12 +4,12 @@
   ci       what CI runs: Hypothesis' built-in `ci` profile (derandomized, no database) plus our sizes
   nightly  long programs, many examples, random, a database kept between runs ($HARNESS_DB)
   mutation what mutmut runs for each of its mutants: the ci profile's derandomized programs, fewer
-           of them, so a surviving mutant costs seconds, not minutes
+           of them and no shrinking (a mutant only needs to fail), so a mutant costs seconds
 """
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,7 +31,9 @@ def register_profiles() -> None:
     """Register dev, ci, nightly and mutation (each with an explicit parent)."""
     _register("dev", "default", max_examples=40, stateful_step_count=40)
     _register("ci", "ci", max_examples=60, stateful_step_count=50)
-    _register("mutation", "ci", max_examples=8, stateful_step_count=40)
+    _register(
+        "mutation", "ci", max_examples=8, stateful_step_count=40, phases=(Phase.explicit, Phase.reuse, Phase.generate)
+    )
     _register(
         "nightly",
         "default",
