@@ -39,6 +39,9 @@ class CacheAdapter:
     # whether the request pool's alloc returns None (changing nothing) when the Mamba pool is
     # short; where it cannot (SGLang asserts), the driver does not admit such a request
     req_alloc_fails_gracefully: bool = True
+    # whether lock calls on a node no longer in the tree are refused (impl checks; SGLang does
+    # not, and its scheduler never makes them), so the driver may try that misuse
+    refuses_detached_nodes: bool = False
 
     rules: Rules = SGLANG_0_5_4
 
@@ -281,6 +284,7 @@ class ImplAdapter(CacheAdapter):
 
     name = "impl"
     misuse_error = impl.CacheMisuseError
+    refuses_detached_nodes = True
     mamba_exhausted_error = impl.MambaPoolExhaustedError
 
     def __init__(self, config: CacheConfig, cache_class: Callable[..., Any] = impl.MambaRadixCache):

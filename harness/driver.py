@@ -43,6 +43,9 @@ class LiveRequest:
     kv_len: int = 0  # positions of its row that hold KV
 
 
+SEEN_LIMIT = 8  # matched nodes remembered for the lock-an-evicted-node misuse
+
+
 @dataclass
 class Pin:
     """A lock the harness took directly on a matched node."""
@@ -67,6 +70,7 @@ class PairedScheduler:
         self.on_event = on_event
         self.requests: Dict[int, LiveRequest] = {}
         self.pins: List[Pin] = []
+        self.seen: List[Pin] = []  # the last nodes plain matches returned, live or not since
         self.operations: List[Dict[str, Any]] = []  # every operation applied, in trace form
         self._next_rid = 0
         self._next_fingerprint = 1.0
@@ -398,6 +402,9 @@ class PairedScheduler:
         model_kv, model_last = self.model.match_prefix(tuple(tokens), extra_key)
         self._flush_model_events()
         self._check_match(operation, tokens, result, model_kv, model_last)
+        if model_last != ROOT:
+            self.seen = [pin for pin in self.seen if pin.node is not result.last_device_node][-(SEEN_LIMIT - 1) :]
+            self.seen.append(Pin(result.last_device_node, model_last))
         return result.last_device_node, model_last
 
     def match(self, tokens: Sequence[int], extra_key: Hashable = None) -> None:
@@ -424,13 +431,34 @@ class PairedScheduler:
         node, path = self._paired_match(operation, tokens, extra_key)
         if path == ROOT or self.model.can_dec_lock(path):
             return
+        self._refused(operation, "dec_lock_ref on an unlocked node", lambda: self.adapter.dec_lock_ref(node))
+
+    def evicted_nodes(self) -> List[Pin]:
+        """The remembered matched nodes that have left the tree since (their path is gone)."""
+        return [pin for pin in self.seen if pin.path not in self.model.nodes]
+
+    def lock_evicted(self, index: int) -> None:
+        """Misuse: inc_lock_ref on a node matched earlier and evicted since must be refused, and
+        the cache must be exactly as before."""
+        operation = f"lock_evicted(index={index})"
+        if not self.adapter.refuses_detached_nodes:
+            raise OperationError("op", f"{operation}: the {self.adapter.name} cache does not check for evicted nodes")
+        evicted = self.evicted_nodes()
+        if index >= len(evicted):
+            raise OperationError("args.index", f"{operation}: no evicted node {index} (remembered: {len(evicted)})")
+        node = evicted[index].node
+        self._refused(operation, "inc_lock_ref on an evicted node", lambda: self.adapter.inc_lock_ref(node))
+        self.on_event("lock on an evicted node refused")
+
+    def _refused(self, operation: str, what: str, call: Callable[[], Any]) -> None:
+        """The misuse `call` must raise the adapter's misuse error and change nothing."""
         before = self.adapter.snapshot()
         try:
-            self.adapter.dec_lock_ref(node)
+            call()
         except self.adapter.misuse_error:
             self.on_event("misuse refused")
         else:
-            raise Divergence(operation, "dec_lock_ref on an unlocked node", "accepted", "refused")
+            raise Divergence(operation, what, "accepted", "refused")
         self._agree(operation, "state after the refused call", self.adapter.snapshot(), before)
 
     # ----- checks -----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ REACH_LABELS = (
     "insert onto a tombstone",
     "mamba_exist=True",
     "chunked prefill step",
+    "lock on an evicted node refused",
 )
 
 PENDING_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "regressions", "pending")

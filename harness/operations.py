@@ -25,6 +25,7 @@ OPERATIONS: Dict[str, Dict[str, str]] = {
     "lock": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY},
     "unlock": {"index": COUNT},
     "unlock_unlocked": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY},
+    "lock_evicted": {"index": COUNT},
 }
 
 

@@ -49,6 +49,8 @@ class OperationChooser:
             ops.append("finish")
         if driver.pins:
             ops.append("unlock")
+        if driver.adapter.refuses_detached_nodes and driver.evicted_nodes():
+            ops.append("lock_evicted")
         return ops
 
     def remember(self, tokens) -> None:
@@ -104,6 +106,8 @@ class OperationChooser:
             args = {"tokens": tokens(min_len=0), "extra_key": extra_key()}
         elif op in ("lock", "unlock_unlocked"):
             args = {"tokens": tokens(), "extra_key": extra_key()}
+        elif op == "lock_evicted":
+            args = {"index": draws.integer(0, len(driver.evicted_nodes()) - 1, "evicted node")}
         else:
             args = {"index": draws.integer(0, len(driver.pins) - 1, "pin")}
         return op, args

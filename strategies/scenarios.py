@@ -30,6 +30,7 @@ OPERATIONS: Tuple[str, ...] = (
     "lock",
     "unlock",
     "unlock_unlocked",
+    "lock_evicted",
 )
 
 DEFAULT_MIX: Mapping[str, int] = {
@@ -47,6 +48,7 @@ DEFAULT_MIX: Mapping[str, int] = {
     "lock": 1,
     "unlock": 1,
     "unlock_unlocked": 1,
+    "lock_evicted": 1,
 }
 
 
@@ -120,7 +122,7 @@ CHUNKED = Scenario("chunked", kv=(24, 64), mamba=(3, 8), req=(2, 4), max_len=16,
     prefill_chunk=12, admit=6, decode=3, insert=1
 )
 LOCK_HEAVY = Scenario("lock_heavy", kv=(16, 48), mamba=(3, 8), req=(2, 4)).weighted(
-    lock=5, unlock=3, unlock_unlocked=3, evict=4, evict_mamba=4
+    lock=5, unlock=3, unlock_unlocked=3, lock_evicted=2, evict=4, evict_mamba=4
 )
 EXTRA_KEYS = Scenario("extra_keys", kv=(24, 64), mamba=(4, 10), req=(2, 4), extra_keys=(None, "lora-a", "lora-b"))
 
