@@ -254,9 +254,6 @@ class CacheAdapter:
             kv_free=self._kv_free(),
             mamba_free=self.mamba_slots.free_slots.tolist(),
             req_free=list(self.req_pool.free_slots),
-            kv_size=self.config.kv_size,
-            mamba_size=self.config.mamba_size,
-            req_size=self.config.req_size,
         )
 
     def _kv_free(self) -> List[int]:

@@ -65,7 +65,6 @@ class PairedScheduler:
     ):
         self.config = config
         self.adapter = adapter_factory(config)
-        self.cache = self.adapter.cache
         self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.adapter.rules)
         self.on_event = on_event
         self.requests: Dict[int, LiveRequest] = {}

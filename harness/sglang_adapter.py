@@ -4,7 +4,7 @@ The pools are built as SGLang's model runner builds them for a hybrid model, on 
 device), with tiny Mamba shapes: `HybridReqToTokenPool` (which owns the `MambaPool`), a
 `TokenToKVPoolAllocator` with no KV tensors behind it (`kvcache=None`), and `MambaRadixCache`
 with `page_size=1`. Nothing of SGLang is copied here; the adapter only builds, calls and reads.
-`sglang_adapter` picks the adapter for the installed release: `SglangAdapter` for 0.5.4,
+`adapter_class` picks the adapter for the installed release: `SglangAdapter` for 0.5.4,
 `Sglang0520Adapter` for 0.5.20, whose API differs (see that class).
 
 SGLang is installed without its dependency tree (see `requirements/sglang-*.txt`). Its
@@ -157,11 +157,6 @@ def sglang_unavailable() -> str:
 def sglang_version() -> str:
     """The installed SGLang's version, or raise `SglangUnavailable`."""
     return load_sglang().version
-
-
-def sglang_adapter(config: CacheConfig) -> "SglangAdapter":
-    """The adapter for the installed SGLang release, built from `config`."""
-    return adapter_class()(config)
 
 
 def adapter_class() -> type:
@@ -408,7 +403,6 @@ __all__ = [
     "SglangUnavailable",
     "adapter_class",
     "load_sglang",
-    "sglang_adapter",
     "sglang_unavailable",
     "sglang_version",
 ]

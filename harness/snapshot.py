@@ -32,6 +32,3 @@ class Snapshot(NamedTuple):
     kv_free: List[int]
     mamba_free: List[int]
     req_free: List[int]
-    kv_size: int
-    mamba_size: int
-    req_size: int
