@@ -19,6 +19,7 @@ built as `harness.sglang_adapter` builds it. Without SGLang installed, only impl
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import sys
@@ -126,6 +127,15 @@ class Running:
     spec: RequestSpec
     done: int = 0  # prompt tokens computed
 
+    @property
+    def prefilling(self) -> bool:
+        return self.done < len(self.spec.prompt)
+
+    @property
+    def complete(self) -> bool:
+        """Prompt computed and every output token produced: ready for `cache_finished_req`."""
+        return not self.prefilling and len(self.req.output_ids) == len(self.spec.output)
+
 
 @dataclass
 class ServeStats:
@@ -139,15 +149,22 @@ class ServeStats:
 
 
 class Server:
-    """A minimal continuous-batching scheduler making SGLang's cache calls."""
+    """A minimal continuous-batching scheduler making SGLang's cache calls, batched as SGLang's
+    scheduler batches them: each iteration admits requests, runs one prefill chunk of every
+    request still prefilling (one KV allocation for the whole chunk batch) and one decode token of
+    every other request (one KV allocation and one `req_to_token` write for the whole batch)."""
 
     def __init__(self, bench: Bench, workload: Workload):
         self.b = bench
         self.w = workload
         self.stats = ServeStats()
         self.row_dtype = bench.req_pool.req_to_token.dtype
+        self._decoding: List[Running] = []  # the last decode batch, and its slots and positions
+        self._rows = self._positions = torch.empty(0, dtype=torch.int64)
 
     def _kv(self, n: int) -> torch.Tensor:
+        """`n` KV slots in the row dtype, evicting first when the pool is short (SGLang's
+        `alloc_token_slots`)."""
         if self.b.kv.available_size() < n:
             before = self.b.kv.available_size()
             self.b.cache.evict(n)
@@ -156,7 +173,7 @@ class Server:
         slots = self.b.kv.alloc(n)
         if slots is None:
             raise RuntimeError(f"{self.b.name}: out of KV slots (need {n}); the workload's pools are too small")
-        return slots
+        return slots.to(self.row_dtype)
 
     def admit(self, rid: int, spec: RequestSpec) -> Running:
         req = impl.Req(rid, spec.prompt)
@@ -172,30 +189,42 @@ class Server:
         self.stats.reused_tokens += done
         return Running(req, spec, done)
 
-    def step(self, run: Running) -> bool:
-        """One forward step of `run`: a prefill chunk or one decoded token. True when finished."""
-        req, prompt = run.req, run.spec.prompt
-        if run.done < len(prompt):
-            n = min(self.w.chunk, len(prompt) - run.done)
-            slots = self._kv(n)
-            self.b.req_pool.write((req.req_pool_idx, slice(run.done, run.done + n)), slots.to(self.row_dtype))
+    def prefill(self, batch: List[Running]) -> None:
+        """The next chunk of each request in `batch`, then `cache_unfinished_req` for each
+        (chunked until its prompt is done; then it gets its first output token)."""
+        sizes = [min(self.w.chunk, len(run.spec.prompt) - run.done) for run in batch]
+        slots = self._kv(sum(sizes))
+        offset = 0
+        for run, n in zip(batch, sizes):
+            req, prompt = run.req, run.spec.prompt
+            self.b.req_pool.write((req.req_pool_idx, slice(run.done, run.done + n)), slots[offset : offset + n])
+            offset += n
             run.done += n
             req.fill_ids = prompt[: run.done]
             if run.done < len(prompt):
                 self.b.cache.cache_unfinished_req(req, chunked=True)
-                return False
-            req.output_ids.append(run.spec.output[0])
-            self.b.cache.cache_unfinished_req(req)
-            return False
-        if len(req.output_ids) < len(run.spec.output):
-            position = len(prompt) + len(req.output_ids) - 1
-            slot = self._kv(1)
-            self.b.req_pool.write((req.req_pool_idx, slice(position, position + 1)), slot.to(self.row_dtype))
-            req.output_ids.append(run.spec.output[len(req.output_ids)])
-            return False
-        self.b.cache.cache_finished_req(req)
+            else:
+                req.output_ids.append(run.spec.output[0])
+                self.b.cache.cache_unfinished_req(req)
+
+    def decode(self, batch: List[Running]) -> None:
+        """One output token for each request in `batch`: the KV slot of its last token, then the
+        next token. As in SGLang's `ScheduleBatch`, the batch's request slots and positions are
+        tensors rebuilt only when the batch changes, and the positions advance in place."""
+        slots = self._kv(len(batch))
+        if len(batch) != len(self._decoding) or any(a is not b for a, b in zip(batch, self._decoding)):
+            self._decoding = batch
+            self._rows = torch.tensor([run.req.req_pool_idx for run in batch])
+            self._positions = torch.tensor([len(run.spec.prompt) + len(run.req.output_ids) - 1 for run in batch])
+        else:
+            self._positions += 1
+        self.b.req_pool.write((self._rows, self._positions), slots)
+        for run in batch:
+            run.req.output_ids.append(run.spec.output[len(run.req.output_ids)])
+
+    def finish(self, run: Running) -> None:
+        self.b.cache.cache_finished_req(run.req)
         self.stats.requests += 1
-        return True
 
     def serve(self) -> ServeStats:
         waiting = deque(enumerate(self.w.requests))
@@ -204,13 +233,28 @@ class Server:
         while waiting or running:
             while waiting and len(running) < self.w.concurrency:
                 running.append(self.admit(*waiting.popleft()))
-            running = [run for run in running if not self.step(run)]
+            prefilling = [run for run in running if run.prefilling]
+            decoding = [run for run in running if not run.prefilling]
+            if prefilling:
+                self.prefill(prefilling)
+            if decoding:
+                self.decode(decoding)
+            still_running = []
+            for run in running:
+                if run.complete:
+                    self.finish(run)
+                else:
+                    still_running.append(run)
+            running = still_running
         self.stats.seconds = time.perf_counter() - started
         return self.stats
 
 
 def serve(name: str, workload: Workload, device: str) -> ServeStats:
     bench = build(name, workload.kv_size, workload.mamba_size, workload.concurrency, workload.max_context_len, device)
+    # the previous round's tree is garbage with reference cycles: collect it now, not on this
+    # round's clock (the collector stays on while serving, as in a real server)
+    gc.collect()
     return Server(bench, workload).serve()
 
 

@@ -1,10 +1,12 @@
 """`EvictionQueue`: the least recently used eviction candidate without rescanning the LRU list.
 
 The seed walks its LRU list from the tail past locked and internal nodes on every eviction, which
-is quadratic when many such nodes sit at the tail. This queue is a min-heap of (tick, node) offers
-with lazy deletion: the owner offers a node whenever it may have become a candidate or its tick
-changed; stale offers are dropped when they surface. The result is exactly the LRU order of the
-candidates, at O(log n) amortised per offer and pop.
+is quadratic when many such nodes sit at the tail. This queue is a min-heap of (tick, node)
+entries, kept lazily: a node is offered when it becomes a candidate (inserted, unlocked, left a
+leaf), not each time it is refreshed. An entry may therefore be older than its node's current
+tick; it is re-keyed to the current tick when it reaches the front, and dropped there if its node
+is no longer a candidate. Since ticks only grow, an entry's tick is never above its node's, so
+the front, once it carries its node's current tick, is exactly the least recently used candidate.
 """
 
 from __future__ import annotations
@@ -16,39 +18,52 @@ from typing import Any, Callable, Optional
 class EvictionQueue:
     """Candidates of one LRU list, least recently used first.
 
-    `is_candidate(node, tick)` decides whether an offer is still current: the node is in the tree,
-    satisfies the queue's rule (e.g. unlocked leaf) and still carries that tick.
+    `current_tick(node)` is the node's tick if it is a candidate now (in the list and satisfying
+    the queue's rule, e.g. unlocked leaf), else None. Contract: every candidate has been offered
+    since it last became one; then `pop_lru` returns the candidate with the smallest tick.
     """
 
-    def __init__(self, is_candidate: Callable[[Any, int], bool]):
-        self._is_candidate = is_candidate
+    def __init__(self, current_tick: Callable[[Any], Optional[int]]):
+        self._current_tick = current_tick
         self._heap: list[tuple[int, int, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
     def offer(self, node: Any, tick: int) -> None:
         """Record that `node`, stamped `tick`, may be a candidate."""
         heapq.heappush(self._heap, (tick, node.id, node))
 
     def pop_lru(self) -> Optional[Any]:
-        """Remove and return the least recently used current candidate, or None."""
+        """Remove and return the least recently used candidate, or None."""
+        self.settle_front()
+        return heapq.heappop(self._heap)[2] if self._heap else None
+
+    def settle_front(self) -> None:
+        """Bring the front entry up to date: drop entries whose node is no longer a candidate and
+        re-key those refreshed since their offer, until the front carries its node's current tick.
+        Called after each refresh too, so that no backlog builds up for one `pop_lru` to pay.
+        Each entry is dropped once and re-keyed at most once per refresh of its node."""
         heap = self._heap
         while heap:
-            tick, _, node = heapq.heappop(heap)
-            if self._is_candidate(node, tick):
-                return node
-        return None
+            tick, node_id, node = heap[0]
+            now = self._current_tick(node)
+            if now == tick:
+                return
+            if now is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (now, node_id, node))
 
     def compact(self, live_nodes: int) -> None:
-        """Drop stale offers: those at the front now (so the next `pop_lru` does not pay for a
-        backlog of them in one call), and all of them once the heap outgrows the live nodes
-        (keeping memory O(tree)). Each offer is dropped once: amortised O(log n) per offer."""
-        heap = self._heap
-        while heap and not self._is_candidate(heap[0][2], heap[0][0]):
-            heapq.heappop(heap)
-        if len(heap) <= 2 * live_nodes + 64:
+        """Once the heap outgrows the live nodes (a node offered again while still queued leaves
+        two entries), keep one entry per current candidate: memory stays O(tree)."""
+        if len(self._heap) <= 2 * live_nodes + 64:
             return
         current = {}
-        for tick, node_id, node in self._heap:
-            if self._is_candidate(node, tick):
-                current[node_id] = (tick, node_id, node)
+        for _, node_id, node in self._heap:
+            now = self._current_tick(node)
+            if now is not None:
+                current[node_id] = (now, node_id, node)
         self._heap = list(current.values())
         heapq.heapify(self._heap)

@@ -111,7 +111,9 @@ class TokenToKVPoolAllocator:
         if not self.is_not_in_free_group:
             self.free_group.append(free_index)
             return
-        free_index = free_index.to(dtype=torch.int64).reshape(-1)
+        free_index = free_index.to(dtype=torch.int64)
+        if free_index.dim() != 1:
+            free_index = free_index.reshape(-1)
         if self._ledger is not None:
             self._ledger.on_free(free_index)
         (self._released if self.need_sort else self._free).put(free_index)

@@ -4,7 +4,8 @@ One class serves both the full (KV) list and the Mamba list: each node carries o
 list, and a list is told which attribute holds its link and which members are evictable. Every
 list update is O(1). Each placement at the head stamps the link with a fresh, strictly increasing
 tick, so the list is always sorted by tick (head = largest). The list answers "least recently used
-evictable member" through an `EvictionQueue` ordered by those ticks, never by walking the list.
+evictable member" through an `EvictionQueue` ordered by those ticks, never by walking the list;
+a refresh does not touch the queue beyond settling its front.
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ class LRUList:
     Invariant: `link.prev.next is link` and `link.next.prev is link` for every member, and ticks
     strictly decrease from head to tail. `evictable(node)` is the list's eviction rule (e.g.
     "unlocked leaf"); the owner calls `note_maybe_evictable` whenever a member may have started to
-    satisfy it without being moved (an unlock, a last child removed).
+    satisfy it (an unlock, a last child removed); insertion offers a member itself, and a refresh
+    does not change whether one satisfies it.
     """
 
     def __init__(self, link_attr: str, name: str, evictable: Callable[[Any], bool]):
         self.name = name
         self._link = attrgetter(link_attr)
         self._evictable = evictable
-        self._queue = EvictionQueue(self._is_current_candidate)
+        self._queue = EvictionQueue(self._candidate_tick)
         self._head = Link()
         self._tail = Link()
         self._head.next = self._tail
@@ -71,19 +73,17 @@ class LRUList:
     def reset_path_mru(self, path: Sequence[Any]) -> None:
         """Move members to the head so that `path[0]` is most recent, then `path[1]`, and so on.
 
-        Each one satisfying the eviction rule is offered again under its new tick. This is the
-        hottest list operation (every match and insert refreshes its whole path), hence one loop.
+        This is the hottest list operation (every match and insert refreshes its whole path), hence
+        one loop; the eviction queue re-keys a refreshed candidate lazily, when it reaches the front.
         """
-        link_of, evictable, queue = self._link, self._evictable, self._queue
+        link_of = self._link
         for node in reversed(path):
             link = link_of(node)
             if link.prev is None:
                 raise ValueError(f"node {node.id} is not in the {self.name} LRU list")
             self._unlink(link)
             self._place_at_head(link)
-            if evictable(node):
-                queue.offer(node, link.tick)
-        queue.compact(self._size)
+        self._queue.settle_front()
 
     def remove(self, node: Any) -> None:
         """Take a member out of the list."""
@@ -95,7 +95,8 @@ class LRUList:
         self._size -= 1
 
     def note_maybe_evictable(self, node: Any) -> None:
-        """Offer `node` to the eviction queue if it is a member satisfying the eviction rule."""
+        """Offer `node` to the eviction queue if it is a member satisfying the eviction rule. The
+        owner calls it whenever a member may have started to satisfy the rule (see the class)."""
         link = self._link(node)
         if link.linked and self._evictable(node):
             self._queue.offer(node, link.tick)
@@ -108,9 +109,9 @@ class LRUList:
         """
         return self._queue.pop_lru()
 
-    def _is_current_candidate(self, node: Any, tick: int) -> bool:
+    def _candidate_tick(self, node: Any) -> Optional[int]:
         link = self._link(node)
-        return link.linked and link.tick == tick and self._evictable(node)
+        return link.tick if link.linked and self._evictable(node) else None
 
     def iter_mru_to_lru(self) -> Iterator[Any]:
         """Members from most to least recently used (O(n); for checks and printing)."""

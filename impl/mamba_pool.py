@@ -6,6 +6,7 @@ padding slot (never handed out), as in SGLang.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -19,7 +20,7 @@ Indices = Union[torch.Tensor, Sequence[int]]
 
 @dataclass(frozen=True)
 class MambaState:
-    """State tensors, shaped (num_layers, size + 1, *shape)."""
+    """State tensors, shaped (num_layers, size + 1, *shape) (views of the pool's one buffer)."""
 
     conv: torch.Tensor
     temporal: torch.Tensor
@@ -51,10 +52,18 @@ class MambaPool:
         self.size = size
         self.device = as_device(device)
         self.debug = debug_default(self.device) if debug is None else debug
-        rows = (num_layers, size + 1)
+        conv_shape, temporal_shape = tuple(conv_shape), tuple(temporal_shape)
+        if any(d < 1 for d in conv_shape + temporal_shape):
+            raise ValueError(f"Mamba state shapes must be positive, got conv {conv_shape} and temporal {temporal_shape}")
+        conv_width = math.prod(conv_shape)
+        # both states of a slot side by side in one row, so a copy, a free or a fill of slots is
+        # one tensor operation; conv and temporal are views of it
+        self._states = torch.zeros(
+            (num_layers, size + 1, conv_width + math.prod(temporal_shape)), dtype=dtype, device=self.device
+        )
         self.mamba_cache = MambaState(
-            conv=torch.zeros(rows + tuple(conv_shape), dtype=dtype, device=self.device),
-            temporal=torch.zeros(rows + tuple(temporal_shape), dtype=dtype, device=self.device),
+            conv=self._states[:, :, :conv_width].unflatten(2, conv_shape),
+            temporal=self._states[:, :, conv_width:].unflatten(2, temporal_shape),
         )
         self._ledger = SlotLedger("Mamba pool", size + 1, [size]) if self.debug else None
         self.clear()
@@ -91,16 +100,14 @@ class MambaPool:
         if self._ledger is not None:
             self._ledger.on_free(index)
         self._free.put(index)
-        self.mamba_cache.conv.index_fill_(1, index, 0)
-        self.mamba_cache.temporal.index_fill_(1, index, 0)
+        self._states.index_fill_(1, index, 0)
 
     def copy_from(self, src_index: Indices, dst_index: Indices) -> None:
         """Copy the states of `src_index` into `dst_index`, slot by slot."""
-        src, dst = self._as_index(src_index), self._as_index(dst_index)
+        src, dst = self._as_index(src_index, source=True), self._as_index(dst_index)
         if src.numel() != dst.numel():
             raise ValueError(f"copy_from: {src.numel()} source slots but {dst.numel()} destinations")
-        for state in (self.mamba_cache.conv, self.mamba_cache.temporal):
-            state.index_copy_(1, dst, state.index_select(1, src))
+        self._states.index_copy_(1, dst, self._states.index_select(1, src))
 
     def fork_from(self, src_index: Indices) -> Optional[torch.Tensor]:
         """A new slot holding a copy of `src_index`'s state, or None when the pool is full."""
@@ -112,13 +119,13 @@ class MambaPool:
 
     def fill(self, index: Indices, value: float) -> None:
         """Set every element of the states of `index` to `value` (a stand-in for a forward pass)."""
-        index = self._as_index(index)
-        self.mamba_cache.conv.index_fill_(1, index, value)
-        self.mamba_cache.temporal.index_fill_(1, index, value)
+        self._states.index_fill_(1, self._as_index(index), value)
 
-    def _as_index(self, index: Indices) -> torch.Tensor:
+    def _as_index(self, index: Indices, source: bool = False) -> torch.Tensor:
+        """`index` as a 1-D index tensor on the pool's device: int64, or for a `source` (only
+        read through `index_select`, which takes both) int32 as well."""
         if isinstance(index, torch.Tensor):
-            if index.dtype is torch.int64 and index.dim() == 1 and index.device == self.device:
-                return index
+            if (index.dtype is torch.int64 or (source and index.dtype is torch.int32)) and index.device == self.device:
+                return index if index.dim() == 1 else index.reshape(-1)
             return index.to(device=self.device, dtype=torch.int64).reshape(-1)
         return torch.tensor(list(index), dtype=torch.int64, device=self.device)

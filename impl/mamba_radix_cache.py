@@ -135,7 +135,7 @@ class MambaRadixCache:
             )
         if self.disable:
             return 0, False
-        return self._insert_helper(key, value, mamba_value)
+        return self._insert_helper(key, value, mamba_value)[:2]
 
     def cache_finished_req(self, req) -> None:
         """Put a finished request's tokens into the tree and release its slots and its lock."""
@@ -176,6 +176,12 @@ class MambaRadixCache:
 
         token_ids = list(req.fill_ids)
         kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
+        if kv_indices.shape[0] != len(token_ids):
+            raise CacheMisuseError(
+                f"cache_unfinished_req: request {req.rid!r} has {len(token_ids)} fill_ids but its "
+                f"row holds {kv_indices.shape[0]} KV slots"
+            )
+        value = kv_indices.to(dtype=torch.int64, copy=True)
         mamba_pool = self.req_to_token_pool.mamba_pool
         req_mamba = self.req_to_token_pool.get_mamba_indices(req.req_pool_idx).unsqueeze(-1)
         forked = mamba_pool.fork_from(req_mamba)
@@ -188,18 +194,25 @@ class MambaRadixCache:
                     f"evicting (pool of {mamba_pool.size}, all states locked)"
                 )
         key = RadixKey._trusted(token_ids, req.extra_key)
-        new_prefix_len, mamba_exist = self.insert(
-            key, kv_indices.to(dtype=torch.int64, copy=True), forked
-        )
-        self.token_to_kv_pool_allocator.free(kv_indices[len(req.prefix_indices) : new_prefix_len])
+        new_prefix_len, mamba_exist, new_last_node, split = self._insert_helper(key, value, forked)
+        prefix_len = req.prefix_indices.shape[0]
+        self.token_to_kv_pool_allocator.free(kv_indices[prefix_len:new_prefix_len])
         if mamba_exist:
             mamba_pool.free(forked)
 
-        new_indices, new_last_node, _, _ = self.match_prefix(key)
-        self.req_to_token_pool.write(
-            (req.req_pool_idx, slice(len(req.prefix_indices), len(new_indices))),
-            new_indices[len(req.prefix_indices) :],
-        )
+        # The seed matches the key again here. That match ends at the node where the key ends
+        # (it holds a Mamba state now), answers the KV of the whole path, and refreshes the path;
+        # the refresh changes the order only when the insert split a node (the split's lower half
+        # was put ahead of the path), so only then is it repeated.
+        path = self._path_from(new_last_node)
+        if split:
+            self._refresh_path(path)
+        new_indices = torch.cat([node.value for node in reversed(path)]) if path else self._empty_indices()
+        # the row already holds the request's own slots past new_prefix_len
+        if new_prefix_len > prefix_len:
+            self.req_to_token_pool.write(
+                (req.req_pool_idx, slice(prefix_len, new_prefix_len)), new_indices[prefix_len:new_prefix_len]
+            )
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         req.prefix_indices = new_indices
@@ -474,13 +487,16 @@ class MambaRadixCache:
         if node.mamba_value is not None:
             best_value_len, best_node = len(value), node
 
-        path = []
-        walker = best_node
-        while walker is not self.root_node:
-            path.append(walker)
-            walker = walker.parent
-        self._refresh_path(path)
+        self._refresh_path(self._path_from(best_node))
         return value[:best_value_len], best_node
+
+    def _path_from(self, node: TreeNode) -> List[TreeNode]:
+        """`node` and its ancestors up to (without) the root, `node` first."""
+        path = []
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        return path
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """Cut `child` after `split_len` tokens; the new upper node is a tombstone."""
@@ -505,10 +521,14 @@ class MambaRadixCache:
         self.full_lru_list.reset_path_mru(path)
         self.mamba_lru_list.reset_path_mru([n for n in path if n.mamba_value is not None])
 
-    def _insert_helper(self, key: RadixKey, value: torch.Tensor, mamba_value) -> Tuple[int, bool]:
+    def _insert_helper(
+        self, key: RadixKey, value: torch.Tensor, mamba_value
+    ) -> Tuple[int, bool, TreeNode, bool]:
+        """`insert`'s `(prefix_len, mamba_exist)`, the node where `key` now ends, and whether a
+        node was split on the way."""
         tokens, extra, end = key.token_ids, key.extra_key, len(key)
         if end == 0:
-            return 0, True
+            return 0, True, self.root_node, False
         node = self.root_node
         pos = 0  # tokens[:pos] are in the tree along the path walked so far
         walked: List[TreeNode] = []
@@ -540,14 +560,14 @@ class MambaRadixCache:
             self.mamba_evictable_size_ += mamba_value.numel()
             self.full_lru_list.insert_mru(leaf)
             self.mamba_lru_list.insert_mru(leaf)
-            return pos, False
+            return pos, False, leaf, split_len > 0
         if node.mamba_value is None:
             node.mamba_value = mamba_value
             self.mamba_evictable_size_ += mamba_value.numel()
             self.mamba_lru_list.insert_mru(node)
-            return pos, False
+            return pos, False, node, split_len > 0
         self.mamba_lru_list.reset_mru(node)
-        return pos, True
+        return pos, True, node, split_len > 0
 
     def _evict_leaf(self, leaf: TreeNode, kv_freed: list, mamba_freed: list) -> int:
         """Remove an unlocked leaf and the tombstone ancestors it leaves as unlocked leaves.
@@ -585,6 +605,7 @@ class MambaRadixCache:
 
     def _free_batched(self, kv_freed: List[torch.Tensor], mamba_freed: List[torch.Tensor]) -> None:
         if kv_freed:
-            self.token_to_kv_pool_allocator.free(torch.cat(kv_freed))
+            self.token_to_kv_pool_allocator.free(kv_freed[0] if len(kv_freed) == 1 else torch.cat(kv_freed))
         if mamba_freed:
-            self.req_to_token_pool.mamba_pool.free(torch.cat(mamba_freed))
+            mamba_pool = self.req_to_token_pool.mamba_pool
+            mamba_pool.free(mamba_freed[0] if len(mamba_freed) == 1 else torch.cat(mamba_freed))

@@ -88,7 +88,9 @@ class HybridReqToTokenPool:
         self.free_slots = self.free_slots[need_size:]
         if self._ledger is not None:
             self._ledger.on_alloc(select)
-        if need_size:
+        if need_size == 1:
+            self.req_index_to_mamba_index_mapping[select[0]] = reqs[0].mamba_pool_idx
+        elif need_size:
             mamba_indices = torch.stack(
                 [torch.as_tensor(req.mamba_pool_idx, device=self.device).reshape(()) for req in reqs]
             )

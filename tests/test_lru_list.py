@@ -1,6 +1,7 @@
 """Unit tests of the intrusive LRU list and the eviction queue it answers from."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from impl.lru_list import Link, LRUList
 
@@ -92,25 +93,40 @@ def test_eviction_queue_drops_stale_offers_when_compacting():
     assert lst.pop_lru_evictable() is None
 
 
-def test_a_backlog_of_stale_offers_is_dropped_as_paths_are_refreshed_not_by_one_pop():
+def test_a_backlog_of_entries_is_settled_as_paths_are_refreshed_not_by_one_pop():
     from impl.eviction_queue import EvictionQueue
 
     checks = []
     current = {}
 
-    def is_candidate(node, tick):
+    def current_tick(node):
         checks.append(node.id)
-        return current.get(node.id) == tick
+        return current.get(node.id)
 
-    queue = EvictionQueue(is_candidate)
+    queue = EvictionQueue(current_tick)
     nodes = [Item(i) for i in range(50)]
     for tick, node in enumerate(nodes):
         queue.offer(node, tick)
-    current[49] = 49  # the other 49 offers went stale (their nodes were refreshed or locked)
-    queue.compact(live_nodes=1000)
+    current[49] = 49  # the other 49 stopped being candidates (locked, or given a child)
+    queue.settle_front()
     checks.clear()
     assert queue.pop_lru() is nodes[49]
     assert checks == [49]
+
+
+def test_a_refresh_adds_no_entry_and_the_front_is_rekeyed_to_its_current_tick():
+    lst = make()
+    a, b, c = Item(1), Item(2), Item(3)
+    for item in (a, b, c):
+        lst.insert_mru(item)
+    for _ in range(100):
+        lst.reset_path_mru([a, b])
+    assert len(lst._queue) == 3
+    assert lst.pop_lru_evictable() is c
+    lst.remove(c)
+    assert lst.pop_lru_evictable() is b  # offered before its refreshes, it comes out by its current tick
+    lst.remove(b)
+    assert lst.pop_lru_evictable() is a
 
 
 def test_stale_offers_behind_a_current_one_are_compacted_away():
@@ -124,3 +140,43 @@ def test_stale_offers_behind_a_current_one_are_compacted_away():
     assert lst.pop_lru_evictable() is oldest
     assert lst.pop_lru_evictable() is busy
     assert lst.pop_lru_evictable() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "refresh", "remove", "toggle", "pop"]),
+                          st.lists(st.integers(0, 7), min_size=1, max_size=4, unique=True)), max_size=80))
+def test_pops_agree_with_a_plain_list_model(operations):
+    """Oracle: a Python list, most recent first; the LRU candidate is its last evictable member."""
+    lst = make()
+    items = [Item(i, evictable=True) for i in range(8)]
+    model = []
+    for op, ids in operations:
+        if op == "insert":
+            for i in ids:
+                if i not in model:
+                    lst.insert_mru(items[i])
+                    model.insert(0, i)
+        elif op == "refresh":
+            path = [i for i in ids if i in model]
+            lst.reset_path_mru([items[i] for i in path])
+            model = path + [i for i in model if i not in path]
+        elif op == "remove":
+            for i in ids:
+                if i in model:
+                    lst.remove(items[i])
+                    model.remove(i)
+        elif op == "toggle":
+            for i in ids:
+                items[i].evictable = not items[i].evictable
+                if items[i].evictable:
+                    lst.note_maybe_evictable(items[i])
+        else:
+            expected = next((i for i in reversed(model) if items[i].evictable), None)
+            got = lst.pop_lru_evictable()
+            assert (None if got is None else got.id) == expected
+            if got is not None:
+                lst.remove(got)
+                model.remove(got.id)
+        assert [item.id for item in lst.iter_mru_to_lru()] == model
+        assert lst.links_consistent()
+        assert len(lst._queue) <= 2 * len(lst) + 64 + 1
