@@ -111,7 +111,8 @@ class TokenToKVPoolAllocator:
         if not self.is_not_in_free_group:
             self.free_group.append(free_index)
             return
-        free_index = free_index.to(dtype=torch.int64)
+        if free_index.dtype is not torch.int64:
+            free_index = free_index.to(dtype=torch.int64)
         if free_index.dim() != 1:
             free_index = free_index.reshape(-1)
         if self._ledger is not None:

@@ -153,7 +153,7 @@ class MambaRadixCache:
             self.req_to_token_pool.get_mamba_indices(req.req_pool_idx).unsqueeze(-1).clone()
         )
         new_prefix_len, mamba_exist = self.insert(
-            RadixKey._trusted(list(token_ids), req.extra_key),
+            RadixKey._trusted(token_ids, req.extra_key),
             kv_indices.to(dtype=torch.int64, copy=True),
             mamba_value,
         )
@@ -174,7 +174,7 @@ class MambaRadixCache:
             req.prefix_indices = kv_indices
             return
 
-        token_ids = list(req.fill_ids)
+        token_ids = req.fill_ids if type(req.fill_ids) is list else list(req.fill_ids)
         kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
         if kv_indices.shape[0] != len(token_ids):
             raise CacheMisuseError(
@@ -196,7 +196,8 @@ class MambaRadixCache:
         key = RadixKey._trusted(token_ids, req.extra_key)
         new_prefix_len, mamba_exist, new_last_node, split = self._insert_helper(key, value, forked)
         prefix_len = req.prefix_indices.shape[0]
-        self.token_to_kv_pool_allocator.free(kv_indices[prefix_len:new_prefix_len])
+        if new_prefix_len > prefix_len:
+            self.token_to_kv_pool_allocator.free(kv_indices[prefix_len:new_prefix_len])
         if mamba_exist:
             mamba_pool.free(forked)
 
@@ -451,10 +452,15 @@ class MambaRadixCache:
             return
         dst = mamba_pool.alloc(1)
         if dst is None:
-            self.inc_lock_ref(node)
-            self.evict_mamba(1)
+            # the seed locks the node (inc_lock_ref) around this eviction; locking its state alone
+            # protects the same: its ancestors have a child, so no eviction can reach them
+            node.mamba_lock_ref += 1
+            try:
+                self.evict_mamba(1)
+            finally:
+                node.mamba_lock_ref -= 1
+                self.mamba_lru_list.note_maybe_evictable(node)
             dst = mamba_pool.alloc(1)
-            self.dec_lock_ref(node)
             if dst is None:
                 raise MambaPoolExhaustedError(
                     f"match_prefix(cow_mamba=True): no Mamba slot for request {req.rid!r} even "

@@ -118,7 +118,7 @@ MUTANTS: Tuple[Mutant, ...] = (
        ("if req.mamba_pool_idx is not None:", "if req.req_pool_idx is not None:")),
     _m("cow-unprotected-evict", "cow_mamba", f"{CACHE}._copy_mamba_to_req",
        "cow evicts to make room without protecting the node it copies from",
-       ("            self.inc_lock_ref(node)\n", ""), ("            self.dec_lock_ref(node)\n", "")),
+       ("            node.mamba_lock_ref += 1\n", ""), ("                node.mamba_lock_ref -= 1\n", "")),
     _m("cow-copies-backwards", "cow_mamba", f"{CACHE}._copy_mamba_to_req",
        "cow into a new slot copies the fresh slot over the tree's state",
        ("        mamba_pool.copy_from(node.mamba_value, dst)\n", "        mamba_pool.copy_from(dst, node.mamba_value)\n")),
