@@ -47,12 +47,13 @@ class FreeList:
         self._head_len -= n
         return select
 
-    def put(self, slots: torch.Tensor) -> None:
-        """Queue a copy of `slots` (1-D int64, on the list's device) behind every free slot; the
-        caller may reuse its tensor afterwards."""
+    def put(self, slots: torch.Tensor, owned: bool = False) -> None:
+        """Queue `slots` (1-D int64, on the list's device) behind every free slot. The list keeps
+        a copy, so the caller may reuse its tensor afterwards; with `owned=True` the caller hands
+        over a tensor nothing else refers to (a fresh conversion), kept as it is."""
         count = slots.numel()
         if count:
-            self._tail.append(slots.clone())
+            self._tail.append(slots if owned else slots.clone())
             self._tail_len += count
 
     def slots(self) -> torch.Tensor:

@@ -111,13 +111,15 @@ class TokenToKVPoolAllocator:
         if not self.is_not_in_free_group:
             self.free_group.append(free_index)
             return
+        given = free_index
         if free_index.dtype is not torch.int64:
             free_index = free_index.to(dtype=torch.int64)
         if free_index.dim() != 1:
             free_index = free_index.reshape(-1)
         if self._ledger is not None:
             self._ledger.on_free(free_index)
-        (self._released if self.need_sort else self._free).put(free_index)
+        owned = free_index.data_ptr() != given.data_ptr()  # the cast made a copy of its own
+        (self._released if self.need_sort else self._free).put(free_index, owned=owned)
 
     def free_group_begin(self) -> None:
         """Defer frees until `free_group_end`, which returns them in one batch."""

@@ -99,7 +99,8 @@ class MambaPool:
             return
         if self._ledger is not None:
             self._ledger.on_free(index)
-        self._free.put(index)
+        owned = not isinstance(free_index, torch.Tensor) or index.data_ptr() != free_index.data_ptr()
+        self._free.put(index, owned=owned)  # owned: the conversion made a copy of its own
         self._states.index_fill_(1, index, 0)
 
     def copy_from(self, src_index: Indices, dst_index: Indices) -> None:

@@ -319,3 +319,22 @@ def test_req_pool_alloc_of_nothing_gives_nothing(device):
     assert pool.alloc(0) == []
     pool.free([])
     assert pool.available_size() == 2
+
+
+def test_pools_keep_what_is_freed_even_when_the_caller_reuses_its_tensor():
+    kv = TokenToKVPoolAllocator(8, device="cpu")
+    row = torch.zeros(8, dtype=torch.int32)
+    row[:3] = kv.alloc(3).to(torch.int32)  # a request row, as req_to_token holds it
+    slots = kv.alloc(5)
+    kv.free(row[:3])  # cast to int64: the pool's own copy
+    kv.free(slots)  # already int64: copied by the pool
+    row.fill_(0)
+    slots.fill_(0)
+    assert kv.alloc(8).tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+
+    mamba = MambaPool(4, "cpu")
+    taken = mamba.alloc(4)
+    mamba.free(taken[:2])
+    mamba.free(taken[2:].to(torch.int32))
+    taken.fill_(0)
+    assert mamba.alloc(4).tolist() == [0, 1, 2, 3]
