@@ -316,6 +316,9 @@ class ImplAdapter(CacheAdapter):
     def fill_mamba(self, slot: int, value: float) -> None:
         self.mamba_pool.fill(self.indices([slot]), value)
 
+    def mamba_tensors(self) -> List[torch.Tensor]:
+        return [self.mamba_pool.states]  # conv and temporal are views of it: one read for both
+
     def lru_members(self, which: str) -> List[Any]:
         return list(self._lru(which).iter_mru_to_lru())
 

@@ -296,7 +296,7 @@ class PairedScheduler:
         start = live.kv_len
         self.adapter.req_pool.write(
             (live.impl_req.req_pool_idx, slice(start, start + len(slots))),
-            self.adapter.indices(slots).to(self.adapter.req_pool.req_to_token.dtype),
+            torch.tensor(slots, dtype=self.adapter.req_pool.req_to_token.dtype, device=self.adapter.device),
         )
         for offset, slot in enumerate(slots):
             live.model_req.row[start + offset] = slot

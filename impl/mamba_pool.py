@@ -75,6 +75,12 @@ class MambaPool:
             self._ledger.on_reset()
 
     @property
+    def states(self) -> torch.Tensor:
+        """Every slot's conv and temporal state side by side, shaped (num_layers, size + 1,
+        conv elements + temporal elements); `mamba_cache.conv` / `.temporal` are views of it."""
+        return self._states
+
+    @property
     def free_slots(self) -> torch.Tensor:
         """The free slots in hand-out order (SGLang's attribute; assignable)."""
         return self._free.slots()
