@@ -149,9 +149,7 @@ class MambaRadixCache:
 
         token_ids = (req.origin_input_ids + req.output_ids)[:-1]
         kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
-        mamba_value = (
-            self.req_to_token_pool.get_mamba_indices(req.req_pool_idx).unsqueeze(-1).clone()
-        )
+        mamba_value = self._req_mamba_slot(req).to(torch.int64, copy=True)  # the tree's own copy
         new_prefix_len, mamba_exist = self.insert(
             RadixKey._trusted(token_ids, req.extra_key),
             kv_indices.to(dtype=torch.int64, copy=True),
@@ -183,7 +181,7 @@ class MambaRadixCache:
             )
         value = kv_indices.to(dtype=torch.int64, copy=True)
         mamba_pool = self.req_to_token_pool.mamba_pool
-        req_mamba = self.req_to_token_pool.get_mamba_indices(req.req_pool_idx).unsqueeze(-1)
+        req_mamba = self._req_mamba_slot(req)
         forked = mamba_pool.fork_from(req_mamba)
         if forked is None:
             self.evict_mamba(1)
@@ -437,6 +435,10 @@ class MambaRadixCache:
                     f"{method}: request {req.rid!r} does not hold a lock on its last node "
                     f"{req.last_node.id}"
                 )
+
+    def _req_mamba_slot(self, req) -> torch.Tensor:
+        """The request's own Mamba slot, shape [1], as its request slot maps it (int32)."""
+        return self.req_to_token_pool.get_mamba_indices(slice(req.req_pool_idx, req.req_pool_idx + 1))
 
     def _iter_nodes(self):
         stack = [self.root_node]
