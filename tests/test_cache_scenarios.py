@@ -632,3 +632,14 @@ def test_evicted_property_follows_the_node_out_of_the_tree(s):
     s.cache.evict(2)
     assert node.evicted
     assert "tombstone" not in repr(node)
+
+
+def test_unfinished_req_with_more_fill_ids_than_its_row_holds_is_refused_before_any_change(s):
+    req = Req(0, list(range(100)))
+    req.last_node = s.cache.root_node
+    (req.req_pool_idx,) = s.pool.alloc(1, [req])
+    req.fill_ids = list(range(100))  # the row holds max_context_len = 64 slots
+    before = (s.shape(), s.sizes(), s.lru("full"), s.lru("mamba"), s.free_counts())
+    with pytest.raises(CacheMisuseError, match=r"request 0 has 100 fill_ids but its row holds 64 KV slots"):
+        s.cache.cache_unfinished_req(req, chunked=True)
+    assert (s.shape(), s.sizes(), s.lru("full"), s.lru("mamba"), s.free_counts()) == before

@@ -180,3 +180,17 @@ def test_pops_agree_with_a_plain_list_model(operations):
         assert [item.id for item in lst.iter_mru_to_lru()] == model
         assert lst.links_consistent()
         assert len(lst._queue) <= 2 * len(lst) + 64 + 1
+
+
+def test_offers_of_a_queued_member_are_compacted_to_one_entry_per_candidate():
+    lst = make()
+    keep, gone = Item(1), Item(2)
+    lst.insert_mru(keep)
+    lst.insert_mru(gone)
+    for _ in range(100):  # each unlock of a member still queued adds an entry
+        lst.note_maybe_evictable(keep)
+    gone.evictable = False
+    for _ in range(100):
+        lst.note_maybe_evictable(keep)
+    assert len(lst._queue) <= 2 * len(lst) + 64
+    assert lst.pop_lru_evictable() is keep

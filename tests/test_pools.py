@@ -338,3 +338,20 @@ def test_pools_keep_what_is_freed_even_when_the_caller_reuses_its_tensor():
     mamba.free(taken[2:].to(torch.int32))
     taken.fill_(0)
     assert mamba.alloc(4).tolist() == [0, 1, 2, 3]
+
+
+def test_mamba_pool_refuses_empty_state_shapes():
+    with pytest.raises(ValueError, match=r"shapes must be positive, got conv \(2, 0\) and temporal \(2,\)"):
+        MambaPool(4, "cpu", conv_shape=(2, 0))
+
+
+def test_kv_free_takes_an_index_of_any_shape():
+    kv = TokenToKVPoolAllocator(4, device="cpu")
+    slots = kv.alloc(4)
+    kv.free(slots.reshape(2, 2))
+    assert kv.alloc(4).tolist() == [1, 2, 3, 4]
+
+
+def test_req_repr_names_its_slot_and_lengths():
+    req = Req(7, [1, 2, 3])
+    assert repr(req) == "Req(rid=7, input=3, output=0, req_pool_idx=None, prefix=0)"
