@@ -157,21 +157,25 @@ class CacheAdapter:
         A state kept in a narrower dtype than the value (SGLang keeps conv in bfloat16) agrees
         when it holds the value rounded to its dtype."""
         end = self.rules.first_mamba_slot + self.config.mamba_size
-        # one transfer per state tensor; the comparing is done on the host, per slot
-        readings = [(s.dtype, s[:, :end].transpose(0, 1).reshape(end, -1).tolist()) for s in self.mamba_tensors()]
-        first_dtype, first_rows = readings[0]
-        values = [row[0] for row in first_rows]
+        # one transfer per state tensor, as nested lists [layer][slot][element]; the comparing
+        # is done on the host, per slot
+        readings = [(s.dtype, s.flatten(2).tolist()) for s in self.mamba_tensors()]
+        first_dtype, first_layers = readings[0]
+        values = [first_layers[0][slot][0] for slot in range(end)]
         as_stored = {first_dtype: values}
         for dtype, _ in readings:
             if dtype not in as_stored:
                 as_stored[dtype] = torch.tensor(values, dtype=first_dtype).to(dtype).float().tolist()
         agrees = [True] * end
-        for dtype, rows in readings:
-            agrees = [ok and row.count(want) == len(row) for ok, row, want in zip(agrees, rows, as_stored[dtype])]
+        for dtype, layers in readings:
+            wants = as_stored[dtype]
+            for layer in layers:
+                agrees = [ok and row.count(want) == len(row) for ok, row, want in zip(agrees, layer, wants)]
         return [value if ok else None for value, ok in zip(values, agrees)]
 
-    def req_row(self, req_slot: int, length: int) -> List[int]:
-        return self.req_pool.req_to_token[req_slot, :length].tolist()
+    def req_rows(self, length: int) -> List[List[int]]:
+        """The first `length` KV slots of every request slot's req_to_token row, in one transfer."""
+        return self.req_pool.req_to_token[:, :length].tolist()
 
     # ----- reading the tree -------------------------------------------------------------------
 

@@ -467,14 +467,16 @@ class PairedScheduler:
         rows = self.adapter.req_pool.req_to_token
         if rows.dtype != torch.int32:  # SGLang's dtype; a float one would round large slot ids
             raise InvariantViolation("pool_conservation", f"req_to_token holds {rows.dtype}, not torch.int32")
+        live_requests = list(self.requests.values())
+        holding_slots = [live.kv_len for live in live_requests if live.model_req.req_slot is not None]
+        table = self.adapter.req_rows(max(holding_slots)) if holding_slots else []
         out = []
-        for live in self.requests.values():
-            row = live.model_req.row
-            owned = tuple(row[i] for i in range(len(live.model_req.prefix), live.kv_len))
-            out.append(RequestHoldings(live.rid, owned, live.model_req.mamba_slot, live.model_req.req_slot))
-            if live.model_req.req_slot is not None:
-                got = self.adapter.req_row(live.impl_req.req_pool_idx, live.kv_len)
-                want = [row[i] for i in range(live.kv_len)]
+        for live in live_requests:
+            model_req = live.model_req
+            want = list(map(model_req.row.__getitem__, range(live.kv_len)))
+            out.append(RequestHoldings(live.rid, tuple(want[len(model_req.prefix) :]), model_req.mamba_slot, model_req.req_slot))
+            if model_req.req_slot is not None:
+                got = table[live.impl_req.req_pool_idx][: live.kv_len]
                 if got != want:
                     raise InvariantViolation(
                         "pool_conservation", f"request {live.rid}'s req_to_token row is {got}, expected {want}"

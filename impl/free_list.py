@@ -63,10 +63,10 @@ class FreeList:
 
     def _join(self) -> None:
         if self._tail:
-            if self._head_len == 0 and len(self._tail) == 1:
-                self._head = self._tail[0]  # a pool that runs full frees and takes one slot at a time
-            else:
-                self._head = torch.cat([self._head[self._start :], *self._tail])
+            # an exhausted head is left out: an empty piece puts torch.cat on a slow path, and a
+            # pool that runs full frees and takes one slot at a time then adopts its lone tail
+            pieces = self._tail if self._head_len == 0 else [self._head[self._start :], *self._tail]
+            self._head = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
             self._start = 0
             self._head_len += self._tail_len
             self._tail = []

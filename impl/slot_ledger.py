@@ -8,7 +8,7 @@ back once per call (a host sync), which is why debug mode is off by default on `
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, List, Sequence, Union
+from typing import Iterable, List, Sequence, Set, Union
 
 import torch
 
@@ -19,47 +19,63 @@ Slots = Union[torch.Tensor, Sequence[int]]
 
 
 def _as_list(indices: Slots) -> List[int]:
-    return indices.reshape(-1).tolist() if isinstance(indices, torch.Tensor) else list(indices)
+    if isinstance(indices, torch.Tensor):
+        return (indices if indices.dim() == 1 else indices.reshape(-1)).tolist()
+    return list(indices)
 
 
 class SlotLedger:
-    """Allocation flags for slots `0..capacity-1`; `reserved` slots may never be handed out."""
+    """The set of slots of `0..capacity-1` handed out; `reserved` slots may never be handed out.
+
+    A call that breaks no rule costs a few set operations; only a refused one looks further, to
+    name the rule and the slots."""
 
     def __init__(self, pool_name: str, capacity: int, reserved: Iterable[int]):
         self.pool_name = pool_name
+        self.capacity = capacity
         self.reserved = frozenset(reserved)
-        self._allocated = bytearray(capacity)
+        self._out: Set[int] = set()
 
     def on_alloc(self, indices: Slots) -> None:
-        """Record `indices` as handed out; raise `SlotError` if any is reserved or already out."""
+        """Record `indices` as handed out; raise `SlotError` if any is outside the pool, reserved,
+        repeated in the call or already out."""
         slots = _as_list(indices)
+        handed = set(slots)
+        inside = not slots or (min(slots) >= 0 and max(slots) < self.capacity)
+        distinct = len(handed) == len(slots)
+        if inside and distinct and self.reserved.isdisjoint(handed) and self._out.isdisjoint(handed):
+            self._out |= handed
+            return
+        outside = [i for i in slots if not 0 <= i < self.capacity]
+        if outside:
+            raise SlotError(f"{self.pool_name}: slot(s) {outside} outside 0..{self.capacity - 1} handed out")
         bad_reserved = [i for i in slots if i in self.reserved]
         if bad_reserved:
             raise SlotError(f"{self.pool_name}: reserved slot(s) {bad_reserved} handed out")
-        already = [i for i in slots if self._allocated[i]]
-        if already:
-            raise SlotError(f"{self.pool_name}: slot(s) {already} handed out twice")
-        for i in slots:
-            self._allocated[i] = 1
+        repeated = sorted(i for i, n in Counter(slots).items() if n > 1)
+        if repeated:
+            raise SlotError(f"{self.pool_name}: slot(s) {repeated} handed out twice in one call")
+        already = [i for i in slots if i in self._out]
+        raise SlotError(f"{self.pool_name}: slot(s) {already} handed out twice")
 
     def on_free(self, indices: Slots) -> None:
         """Record `indices` as returned; raise `SlotError` on a slot not out, or freed twice."""
         slots = _as_list(indices)
-        capacity = len(self._allocated)
-        outside = [i for i in slots if not 0 <= i < capacity]
+        returned = set(slots)
+        if len(returned) == len(slots) and returned <= self._out:
+            self._out -= returned
+            return
+        outside = [i for i in slots if not 0 <= i < self.capacity]
         if outside:
-            raise SlotError(f"{self.pool_name}: slot(s) {outside} outside 0..{capacity - 1} freed")
+            raise SlotError(f"{self.pool_name}: slot(s) {outside} outside 0..{self.capacity - 1} freed")
         repeated = sorted(i for i, n in Counter(slots).items() if n > 1)
         if repeated:
             raise SlotError(f"{self.pool_name}: slot(s) {repeated} freed twice in one call")
-        not_out = [i for i in slots if not self._allocated[i]]
-        if not_out:
-            raise SlotError(f"{self.pool_name}: slot(s) {not_out} freed but not allocated")
-        for i in slots:
-            self._allocated[i] = 0
+        not_out = [i for i in slots if i not in self._out]
+        raise SlotError(f"{self.pool_name}: slot(s) {not_out} freed but not allocated")
 
     def on_reset(self) -> None:
-        self._allocated = bytearray(len(self._allocated))
+        self._out = set()
 
 
 def debug_default(device: torch.device) -> bool:

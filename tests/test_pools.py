@@ -303,6 +303,21 @@ def test_ledger_refuses_a_slot_handed_out_twice(device):
         pool.alloc(1)
 
 
+def test_ledger_refuses_a_slot_outside_the_pool_handed_out(device):
+    pool = MambaPool(3, device, debug=True)
+    pool.free_slots = torch.tensor([7, 1], device=device)
+    with pytest.raises(SlotError, match=r"slot\(s\) \[7\] outside 0..3 handed out"):
+        pool.alloc(1)
+    assert pool.available_size() == 2
+
+
+def test_ledger_refuses_a_slot_handed_out_twice_in_one_call(device):
+    pool = MambaPool(3, device, debug=True)
+    pool.free_slots = torch.tensor([2, 2], device=device)
+    with pytest.raises(SlotError, match=r"slot\(s\) \[2\] handed out twice in one call"):
+        pool.alloc(2)
+
+
 def test_kv_extras_behave_as_sglang(device):
     kv = TokenToKVPoolAllocator(3, device=device, kvcache="kv-buffers", need_sort=True, debug=True)
     assert kv.get_kvcache() == "kv-buffers"
