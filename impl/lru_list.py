@@ -74,15 +74,25 @@ class LRUList:
         """Move members to the head so that `path[0]` is most recent, then `path[1]`, and so on.
 
         This is the hottest list operation (every match and insert refreshes its whole path), hence
-        one loop; the eviction queue re-keys a refreshed candidate lazily, when it reaches the front.
+        one loop with the unlink and the placement at the head written out; the eviction queue
+        re-keys a refreshed candidate lazily, when it reaches the front.
         """
         link_of = self._link
+        head = self._head
         for node in reversed(path):
             link = link_of(node)
-            if link.prev is None:
+            prev, nxt = link.prev, link.next
+            if prev is None:
                 raise ValueError(f"node {node.id} is not in the {self.name} LRU list")
-            self._unlink(link)
-            self._place_at_head(link)
+            prev.next = nxt
+            nxt.prev = prev
+            first = head.next
+            link.prev = head
+            link.next = first
+            first.prev = link
+            head.next = link
+            self._clock += 1
+            link.tick = self._clock
         self._queue.settle_front()
 
     def remove(self, node: Any) -> None:
@@ -111,7 +121,7 @@ class LRUList:
 
     def _candidate_tick(self, node: Any) -> Optional[int]:
         link = self._link(node)
-        return link.tick if link.linked and self._evictable(node) else None
+        return link.tick if link.prev is not None and self._evictable(node) else None
 
     def iter_mru_to_lru(self) -> Iterator[Any]:
         """Members from most to least recently used (O(n); for checks and printing)."""

@@ -203,17 +203,24 @@ class MambaRadixCache:
         # (it holds a Mamba state now), answers the KV of the whole path, and refreshes the path;
         # the refresh changes the order only when the insert split a node (the split's lower half
         # was put ahead of the path), so only then is it repeated.
-        path = self._path_from(new_last_node)
         if split:
-            self._refresh_path(path)
-        new_indices = torch.cat([node.value for node in reversed(path)]) if path else self._empty_indices()
-        # the row already holds the request's own slots past new_prefix_len
-        if new_prefix_len > prefix_len:
+            self._refresh_path(self._path_from(new_last_node))
+        if new_prefix_len == prefix_len:
+            # no other request cached any of these tokens meanwhile: the row (the old prefix, then
+            # the request's own slots, now the tree's) spells the new prefix already
+            new_indices = value.clone()
+        else:
+            path = self._path_from(new_last_node)
+            new_indices = torch.cat([node.value for node in reversed(path)])
+            # the row already holds the request's own slots past new_prefix_len
             self.req_to_token_pool.write(
                 (req.req_pool_idx, slice(prefix_len, new_prefix_len)), new_indices[prefix_len:new_prefix_len]
             )
-        self.dec_lock_ref(req.last_node)
+        # the lock moves down the path (the old last node is the new one or an ancestor of it);
+        # taking the new lock first keeps the shared ancestors locked throughout, so they are not
+        # offered for eviction and taken back; the counts end as with the seed's order
         self.inc_lock_ref(new_last_node)
+        self.dec_lock_ref(req.last_node)
         req.prefix_indices = new_indices
         req.last_node = new_last_node
 

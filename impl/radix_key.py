@@ -91,8 +91,8 @@ def child_key(key: RadixKey) -> Hashable:
 def shared_length(segment: list[int], tokens: list[int], start: int) -> int:
     """Number of leading tokens `segment` shares with `tokens[start:]`."""
     n = min(len(segment), len(tokens) - start)
-    if segment[:n] == tokens[start : start + n]:
-        return n
+    if (segment if n == len(segment) else segment[:n]) == tokens[start : start + n]:
+        return n  # (a whole segment is compared as it is, not copied first)
     # the first mismatch, by bisection over prefix equality: O(log n) list comparisons in C
     # instead of one Python-level comparison a token
     lo, hi = 0, n - 1  # segment[:lo] matches, and the first mismatch is at most hi
