@@ -124,20 +124,27 @@ def make_workload(seed: int, conversations: int, turns: int = 4, concurrency: in
     return Workload(requests, concurrency, chunk, kv_size, mamba_size, max_context_len=longest + 1)
 
 
-@dataclass
 class Running:
-    req: Any
-    spec: RequestSpec
-    done: int = 0  # prompt tokens computed
+    """A request being served; its lengths are kept as ints, so the loop's per-iteration
+    bookkeeping is a few comparisons, not the cost it is meant to leave to the caches."""
+
+    __slots__ = ("req", "spec", "done", "prompt_len", "output_len")
+
+    def __init__(self, req: Any, spec: RequestSpec, done: int):
+        self.req = req
+        self.spec = spec
+        self.done = done  # prompt tokens computed
+        self.prompt_len = len(spec.prompt)
+        self.output_len = len(spec.output)
 
     @property
     def prefilling(self) -> bool:
-        return self.done < len(self.spec.prompt)
+        return self.done < self.prompt_len
 
     @property
     def complete(self) -> bool:
         """Prompt computed and every output token produced: ready for `cache_finished_req`."""
-        return not self.prefilling and len(self.req.output_ids) == len(self.spec.output)
+        return self.done == self.prompt_len and len(self.req.output_ids) == self.output_len
 
 
 @dataclass
@@ -195,7 +202,7 @@ class Server:
     def prefill(self, batch: List[Running]) -> None:
         """The next chunk of each request in `batch`, then `cache_unfinished_req` for each
         (chunked until its prompt is done; then it gets its first output token)."""
-        sizes = [min(self.w.chunk, len(run.spec.prompt) - run.done) for run in batch]
+        sizes = [min(self.w.chunk, run.prompt_len - run.done) for run in batch]
         slots = self._kv(sum(sizes))
         offset = 0
         for run, n in zip(batch, sizes):
@@ -215,10 +222,10 @@ class Server:
         next token. As in SGLang's `ScheduleBatch`, the batch's request slots and positions are
         tensors rebuilt only when the batch changes, and the positions advance in place."""
         slots = self._kv(len(batch))
-        if len(batch) != len(self._decoding) or any(a is not b for a, b in zip(batch, self._decoding)):
+        if batch != self._decoding:  # Running has no __eq__: the same requests, in order
             self._decoding = batch
             self._rows = torch.tensor([run.req.req_pool_idx for run in batch])
-            self._positions = torch.tensor([len(run.spec.prompt) + len(run.req.output_ids) - 1 for run in batch])
+            self._positions = torch.tensor([run.prompt_len + len(run.req.output_ids) - 1 for run in batch])
         else:
             self._positions += 1
         self.b.req_pool.write((self._rows, self._positions), slots)
@@ -236,8 +243,9 @@ class Server:
         while waiting or running:
             while waiting and len(running) < self.w.concurrency:
                 running.append(self.admit(*waiting.popleft()))
-            prefilling = [run for run in running if run.prefilling]
-            decoding = [run for run in running if not run.prefilling]
+            prefilling, decoding = [], []
+            for run in running:
+                (prefilling if run.prefilling else decoding).append(run)
             if prefilling:
                 self.prefill(prefilling)
             if decoding:
