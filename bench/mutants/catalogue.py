@@ -132,6 +132,10 @@ MUTANTS: Tuple[Mutant, ...] = (
     _m("unfinished-row-not-rewritten", "chunked prefill", f"{CACHE}.cache_unfinished_req",
        "after a chunk the request row keeps its own, now freed, duplicate KV slots",
        ("self.req_to_token_pool.write(", "(lambda *_: None)(")),
+    _m("unfinished-prefix-from-stale-row", "chunked prefill", f"{CACHE}.cache_unfinished_req",
+       "a chunk's new prefix is copied from the row even when another request cached the chunk "
+       "meanwhile, so the prefix and the row keep the request's freed duplicate slots",
+       ("        if new_prefix_len == prefix_len:\n", "        if new_prefix_len >= prefix_len:\n")),
     _m("unfinished-frees-new-fork", "chunked prefill", f"{CACHE}.cache_unfinished_req",
        "the fork is freed when the tree took it, kept when it did not",
        ("        if mamba_exist:\n", "        if not mamba_exist:\n")),
