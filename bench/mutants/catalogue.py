@@ -57,7 +57,7 @@ MUTANTS: Tuple[Mutant, ...] = (
        ("        walked.reverse()\n", "")),
     _m("unfinished-split-not-refreshed", "LRU refresh order", f"{CACHE}.cache_unfinished_req",
        "after a chunk whose insert split a node, the split's lower half stays ahead of the path",
-       ("        if split:\n            self._refresh_path(path)\n", "")),
+       ("        if split:\n            self._refresh_path(self._path_from(new_last_node))\n", "")),
     _m("refresh-skips-mamba-list", "LRU refresh order", f"{CACHE}._refresh_path",
        "match and insert refresh their path in the full list only",
        ("        self.mamba_lru_list.reset_path_mru([n for n in path if n.mamba_value is not None])\n", "")),
