@@ -191,12 +191,11 @@ class CacheAdapter:
             node = node.parent
         return (extra, tuple(t for seg in reversed(segments) for t in seg)) if segments else ROOT_PATH
 
-    def lru_members(self, which: str) -> List[Any]:
-        """Members of the "full" or "mamba" LRU list, most recently used first."""
-        raise NotImplementedError
-
-    def lru_links_ok(self, which: str) -> bool:
-        """Whether the list's prev/next links agree both ways (and any order stamps hold)."""
+    def read_lru(self, which: str) -> Tuple[List[Any], bool]:
+        """The "full" or "mamba" LRU list as its links give it, in one walk: its members, most
+        recently used first, and whether its prev/next links agree both ways, end at the list's
+        ends and count its size (and any order stamps hold). The walk is the harness's own; it
+        never asks the list whether it is consistent."""
         raise NotImplementedError
 
     def snapshot(self) -> Snapshot:
@@ -239,15 +238,18 @@ class CacheAdapter:
             )
             start = end
 
-        def listed(which: str) -> List[Path]:
-            return [path_by_id.get(id(n), ("<not in tree>", (n.id,))) for n in self.lru_members(which)]
+        full_members, full_links_ok = self.read_lru("full")
+        mamba_members, mamba_links_ok = self.read_lru("mamba")
+
+        def paths(members: List[Any]) -> List[Path]:
+            return [path_by_id.get(id(n), ("<not in tree>", (n.id,))) for n in members]
 
         return Snapshot(
             nodes=nodes,
-            full_lru=listed("full"),
-            mamba_lru=listed("mamba"),
-            full_links_ok=self.lru_links_ok("full"),
-            mamba_links_ok=self.lru_links_ok("mamba"),
+            full_lru=paths(full_members),
+            mamba_lru=paths(mamba_members),
+            full_links_ok=full_links_ok,
+            mamba_links_ok=mamba_links_ok,
             sizes=(
                 cache.full_evictable_size(),
                 cache.full_protected_size(),
@@ -323,11 +325,23 @@ class ImplAdapter(CacheAdapter):
     def mamba_tensors(self) -> List[torch.Tensor]:
         return [self.mamba_pool.states]  # conv and temporal are views of it: one read for both
 
-    def lru_members(self, which: str) -> List[Any]:
-        return list(self._lru(which).iter_mru_to_lru())
-
-    def lru_links_ok(self, which: str) -> bool:
-        return self._lru(which).links_consistent()
+    def read_lru(self, which: str) -> Tuple[List[Any], bool]:
+        lru = self._lru(which)
+        head, tail, size = lru._head, lru._tail, len(lru)
+        members: List[Any] = []
+        link = head
+        while link.next is not tail:
+            following = link.next
+            if (
+                following is None
+                or following.prev is not link
+                or (link is not head and following.tick >= link.tick)  # ticks fall towards the tail
+                or len(members) == size  # more members than the list counts (or a cycle)
+            ):
+                return members, False
+            members.append(following.node)
+            link = following
+        return members, tail.prev is link and len(members) == size
 
     def format_tree(self) -> str:
         return self.cache.format_tree()

@@ -253,28 +253,23 @@ class SglangAdapter(CacheAdapter):
     def _lru(self, which: str):
         return self.cache.full_lru_list if which == "full" else self.cache.mamba_lru_list
 
-    def lru_members(self, which: str) -> List[Any]:
+    def read_lru(self, which: str) -> Tuple[List[Any], bool]:
         lru = self._lru(which)
-        members = []
-        node = getattr(lru.head, lru.nxt)
-        while node is not None and node is not lru.tail and len(members) <= len(lru.cache):
-            members.append(node)
-            node = getattr(node, lru.nxt)
-        return members
-
-    def lru_links_ok(self, which: str) -> bool:
-        lru = self._lru(which)
-        count = 0
+        nxt, prv, size = lru.nxt, lru.prv, len(lru.cache)
+        members: List[Any] = []
         node = lru.head
-        while getattr(node, lru.nxt) is not lru.tail:
-            following = getattr(node, lru.nxt)
-            if following is None or getattr(following, lru.prv) is not node or count > len(lru.cache):
-                return False
-            if lru.cache.get(following.id) is not following:
-                return False
+        while getattr(node, nxt) is not lru.tail:
+            following = getattr(node, nxt)
+            if (
+                following is None
+                or getattr(following, prv) is not node
+                or lru.cache.get(following.id) is not following  # linked but not in its index
+                or len(members) == size  # more members than the list counts (or a cycle)
+            ):
+                return members, False
+            members.append(following)
             node = following
-            count += 1
-        return getattr(lru.tail, lru.prv) is node and count == len(lru.cache)
+        return members, getattr(lru.tail, prv) is node and len(members) == size
 
 
 class Req0520:

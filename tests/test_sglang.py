@@ -59,9 +59,9 @@ def test_the_checks_read_sglangs_lists_and_states():
     lru = adapter.cache.full_lru_list
     first = getattr(lru.head, lru.nxt)
     setattr(getattr(first, lru.nxt), lru.prv, lru.head)  # break one back link
-    assert not adapter.lru_links_ok("full")
+    assert not adapter.read_lru("full")[1]
     setattr(getattr(first, lru.nxt), lru.prv, first)
-    assert adapter.lru_links_ok("full")
+    assert adapter.read_lru("full")[1]
     slot = int(adapter.cache.mamba_lru_list.head.mamba_next.mamba_value[0])
     conv = adapter.mamba_tensors()[-1]
     conv[:, slot] = 1234.0
