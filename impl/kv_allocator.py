@@ -109,7 +109,9 @@ class TokenToKVPoolAllocator:
         if free_index.numel() == 0:
             return
         if not self.is_not_in_free_group:
-            self.free_group.append(free_index)
+            # the group keeps its own copy: the caller may reuse its tensor (often a view of a
+            # request row) before free_group_end (SGLang 0.5.4 kept the tensor; 0.5.20 copies)
+            self.free_group.append(free_index.clone())
             return
         given = free_index
         if free_index.dtype is not torch.int64:

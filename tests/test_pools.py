@@ -98,6 +98,16 @@ def test_kv_free_group_defers_until_the_end(device):
     assert kv.alloc(3).tolist() == [4, 1, 3]
 
 
+def test_kv_free_group_keeps_its_own_copy_of_what_is_freed(device):
+    kv = TokenToKVPoolAllocator(4, device=device, debug=True)
+    row = kv.alloc(3)  # stands for a request row the scheduler frees from, then reuses
+    kv.free_group_begin()
+    kv.free(row[:2])
+    row.fill_(4)  # the row is reused before the group ends
+    kv.free_group_end()
+    assert kv.alloc(3).tolist() == [4, 1, 2]
+
+
 def test_kv_payload_round_trips(device):
     kv = TokenToKVPoolAllocator(4, device=device, payload_width=2, debug=True)
     slots = kv.alloc(2)
