@@ -54,6 +54,13 @@ class Pin:
     path: Tuple
 
 
+def _reuse(index: torch.Tensor) -> None:
+    """The harness reuses an index tensor once a pool's free has returned, as a scheduler reuses
+    its buffers: a pool must keep its own copy of what it was given, so scribbling on the
+    caller's tensor (with a slot no pool has) must change nothing the checks see."""
+    index.fill_(-1)
+
+
 class PairedScheduler:
     """Drives one implementation adapter and one `ReferenceCache` with identical operations."""
 
@@ -121,12 +128,16 @@ class PairedScheduler:
     def _free_kv(self, slots: Sequence[int]) -> None:
         """Return KV slots the harness owns, in both."""
         if slots:
-            self.adapter.kv.free(self.adapter.indices(slots))
+            index = self.adapter.indices(slots)
+            self.adapter.kv.free(index)
+            _reuse(index)
             self.model.free_kv(list(slots))
 
     def _free_mamba(self, slot: int) -> None:
         """Return a Mamba slot the harness owns, in both."""
-        self.adapter.mamba_slots.free(self.adapter.indices([slot]))
+        index = self.adapter.indices([slot])
+        self.adapter.mamba_slots.free(index)
+        _reuse(index)
         self.model.free_mamba([slot])
 
     def _evict_mamba_if_short(self) -> None:
@@ -464,9 +475,12 @@ class PairedScheduler:
 
     def holdings(self) -> List[RequestHoldings]:
         """What each live request owns, after checking its req_to_token row against the model."""
-        rows = self.adapter.req_pool.req_to_token
-        if rows.dtype != torch.int32:  # SGLang's dtype; a float one would round large slot ids
-            raise InvariantViolation("pool_conservation", f"req_to_token holds {rows.dtype}, not torch.int32")
+        # SGLang's dtypes for the request rows and the request-to-Mamba map; a float one would
+        # round slot ids past 2**24
+        for name in ("req_to_token", "req_index_to_mamba_index_mapping"):
+            dtype = getattr(self.adapter.req_pool, name).dtype
+            if dtype != torch.int32:
+                raise InvariantViolation("pool_conservation", f"{name} holds {dtype}, not torch.int32")
         live_requests = list(self.requests.values())
         holding_slots = [live.kv_len for live in live_requests if live.model_req.req_slot is not None]
         table = self.adapter.req_rows(max(holding_slots)) if holding_slots else []

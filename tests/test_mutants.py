@@ -69,7 +69,9 @@ def test_a_bad_target_is_refused_naming_it(target, message):
 def test_seeded_bug_is_caught_under_the_ci_profile(name):
     result = hunt(name, engine="hypothesis", profile="ci", device="cpu")
     assert result.caught, f"seeded bug {name} survived every configuration of {HUNT_ORDER}"
-    assert result.trace_operations >= 1 and result.config in HUNT_ORDER
+    # a trace was written and loads; it may hold no operation (a bug visible in the pools as built
+    # fails the check before the first step)
+    assert result.trace_operations is not None and result.config in HUNT_ORDER
 
 
 def test_mutants_command_prints_the_row_and_exits_zero_when_caught():

@@ -186,6 +186,17 @@ MUTANTS: Tuple[Mutant, ...] = (
        ("        without_mamba = [req for req in reqs if req.mamba_pool_idx is None]\n",
         "        select = self.free_slots[:need_size]\n        self.free_slots = self.free_slots[need_size:]\n"
         "        without_mamba = [req for req in reqs if req.mamba_pool_idx is None]\n")),
+    _m("kv-free-adopts-callers-tensor", "pools", "impl.kv_allocator:TokenToKVPoolAllocator.free",
+       "a KV free keeps the caller's index tensor as its own free list, so the caller's next use of "
+       "it rewrites the pool",
+       ("owned = free_index.data_ptr() != given.data_ptr()", "owned = free_index.data_ptr() == given.data_ptr()")),
+    _m("mamba-free-adopts-callers-tensor", "pools", "impl.mamba_pool:MambaPool.free",
+       "a Mamba free keeps the caller's index tensor as its own free list",
+       ("owned = not isinstance(free_index, torch.Tensor) or", "owned = isinstance(free_index, torch.Tensor) or")),
+    _m("mamba-map-not-int32", "pools", "impl.req_to_token_pool:HybridReqToTokenPool.__init__",
+       "the request-to-Mamba map is allocated without its int32 dtype (float32 rounds slot ids past 2**24)",
+       ("            size, dtype=torch.int32, device=self.device\n        )\n        self._ledger",
+        "            size, device=self.device\n        )\n        self._ledger")),
     _m("req-mapping-not-written", "pools", "impl.req_to_token_pool:HybridReqToTokenPool.alloc",
        "a request slot's Mamba index is not recorded, so it reads another request's state",
        ("            self.req_index_to_mamba_index_mapping[select[0]] = reqs[0].mamba_pool_idx\n", "            pass\n")),
