@@ -155,6 +155,8 @@ class PairedScheduler:
         want = self.model.kv_alloc(n)
         got_list = None if got is None else got.tolist()
         self._agree(operation, "KV allocation", got_list, want)
+        if got is not None:
+            self._agree(operation, "dtype of the KV allocation", got.dtype, torch.int64)
         if got_list is None:
             self.on_event("KV allocation failed even after evicting")
         return got_list
@@ -165,6 +167,8 @@ class PairedScheduler:
         want = self.model.mamba_alloc(1)
         got_list = None if got is None else got.tolist()
         self._agree(operation, "Mamba allocation", got_list, want)
+        if got is not None:
+            self._agree(operation, "dtype of the Mamba allocation", got.dtype, torch.int64)
         return None if got_list is None else got_list[0]
 
     def _release(self, live: LiveRequest) -> None:
