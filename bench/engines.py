@@ -1,6 +1,6 @@
 """Steps per second of the two fuzz engines, side by side in one process.
 
-    python -m bench.engines [--rounds 4] [--seconds 5] [--config medium] [--profile ci] [--json FILE]
+    python -m bench.engines [--rounds 4] [--seconds 5] [--config medium] [--profile ci] [--device cpu|cuda] [--json FILE]
 
 Each round runs the Hypothesis engine, then the random engine, for the same budget and seed
 (rounds alternate, so a noisy machine slows both alike). Both check every invariant after every
@@ -17,20 +17,21 @@ import tempfile
 from typing import Dict, List
 
 from bench import write_json
+from harness.config import best_device, check_device
 from harness.fuzz import FuzzOptions, run_single
 from harness.profiles import register_profiles
 
 ENGINES = ("hypothesis", "random")
 
 
-def measure(rounds: int, seconds: float, configs: List[str], profile: str, impl: str) -> Dict[str, object]:
+def measure(rounds: int, seconds: float, configs: List[str], profile: str, impl: str, device: str) -> Dict[str, object]:
     register_profiles()
     rates: Dict[str, List[float]] = {engine: [] for engine in ENGINES}
     with tempfile.TemporaryDirectory() as scratch:
         for round_no in range(rounds):
             for engine in ENGINES:
                 options = FuzzOptions(
-                    seconds=seconds, device="cpu", impl=impl, profile=profile, configs=configs,
+                    seconds=seconds, device=device, impl=impl, profile=profile, configs=configs,
                     seed=round_no + 1, engine=engine, workers=1, trace_dir=scratch, db=f"{scratch}/db",
                 )
                 report = run_single(options, io.StringIO())
@@ -42,6 +43,7 @@ def measure(rounds: int, seconds: float, configs: List[str], profile: str, impl:
         "configs": configs,
         "profile": profile,
         "impl": impl,
+        "device": device,
         "steps_per_second": rates,
         "round_ratios": [r / h for h, r in zip(rates["hypothesis"], rates["random"])],
         "median_steps_per_second": medians,
@@ -56,11 +58,17 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--config", action="append", help="configuration(s) (default medium)")
     parser.add_argument("--profile", default="ci")
     parser.add_argument("--impl", default="impl")
+    parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0:
         parser.error(f"--rounds must be >= 1 and --seconds > 0, got {args.rounds} and {args.seconds}")
-    result = measure(args.rounds, args.seconds, args.config or ["medium"], args.profile, args.impl)
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"engines on {args.device}, {args.seconds:g} s a run")
+    result = measure(args.rounds, args.seconds, args.config or ["medium"], args.profile, args.impl, args.device)
     for i, (h, r) in enumerate(zip(result["steps_per_second"]["hypothesis"], result["steps_per_second"]["random"])):
         print(f"round {i + 1}: hypothesis {h:7.0f} steps/s   random {r:7.0f} steps/s   ratio {r / h:4.2f}x")
     medians = result["median_steps_per_second"]

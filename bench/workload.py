@@ -1,6 +1,6 @@
 """impl against SGLang's `MambaRadixCache`: one serving workload through both, and evict's cost.
 
-    python -m bench.workload [--device cpu] [--caches impl sglang] [--conversations 200] [--repeats 9]
+    python -m bench.workload [--device cpu|cuda] [--caches impl sglang] [--conversations 200] [--repeats 9]
                              [--nodes 1000 10000 100000] [--seed 0] [--json FILE]
 
 1. Throughput. One seeded workload (shared system prompts, multi-turn conversations that extend
@@ -35,7 +35,7 @@ import torch
 
 import impl
 from bench import write_json
-from harness.config import CacheConfig
+from harness.config import CacheConfig, best_device, check_device
 
 
 @dataclass
@@ -47,6 +47,12 @@ class Bench:
     kv: Any
     req_pool: Any
     key: Callable[[List[int]], Any]
+    device: str
+
+    def settle(self) -> None:
+        """Wait for the device's queued work, so that a clock read after it counts that work too."""
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @property
     def mamba_pool(self) -> Any:
@@ -65,12 +71,12 @@ def build(name: str, kv_size: int, mamba_size: int, req_size: int, max_context_l
             size=req_size, mamba_size=mamba_size, max_context_len=max_context_len, device=device, debug=False
         )
         cache = impl.MambaRadixCache(req_pool, kv, page_size=1)
-        return Bench(name, cache, kv, req_pool, lambda tokens: impl.RadixKey(tokens))
+        return Bench(name, cache, kv, req_pool, lambda tokens: impl.RadixKey(tokens), device)
     if name == "sglang":
         from harness.sglang_adapter import SglangAdapter
 
         adapter = SglangAdapter(CacheConfig(kv_size, mamba_size, req_size, max_context_len, device))
-        return Bench(name, adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None))
+        return Bench(name, adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None), device)
     raise ValueError(f"unknown cache {name!r}: expected impl or sglang")
 
 
@@ -239,6 +245,7 @@ class Server:
     def serve(self) -> ServeStats:
         waiting = deque(enumerate(self.w.requests))
         running: List[Running] = []
+        self.b.settle()
         started = time.perf_counter()
         while waiting or running:
             while waiting and len(running) < self.w.concurrency:
@@ -257,6 +264,7 @@ class Server:
                 else:
                     still_running.append(run)
             running = still_running
+        self.b.settle()
         self.stats.seconds = time.perf_counter() - started
         return self.stats
 
@@ -308,9 +316,11 @@ def evict_cost(name: str, nodes: int, device: str, seed: int, calls: int = 200, 
     grow_tree(bench, nodes, rng)
     size_before = bench.node_count()
     times = []
+    bench.settle()
     for _ in range(calls):
         started = time.perf_counter()
         bench.cache.evict(tokens_per_call)
+        bench.settle()
         times.append(time.perf_counter() - started)
     return {
         "nodes": size_before,
@@ -343,7 +353,7 @@ def available_caches(requested: Optional[List[str]]) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.workload", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
     parser.add_argument("--caches", nargs="+", choices=("impl", "sglang"), help="default: impl, and sglang when installed")
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=9, help="serve the workload this many times through each cache (default 9)")
@@ -354,6 +364,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.conversations < 1 or args.repeats < 1 or any(n < 1 for n in args.nodes):
         parser.error(f"--conversations, --repeats and --nodes must be positive, got {args.conversations}, "
                      f"{args.repeats} and {args.nodes}")
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
     caches = available_caches(args.caches)
     versions = {"impl": impl.__version__}
     if "sglang" in caches:
