@@ -1,7 +1,8 @@
 """Benchmarks: commands that print their figures (and write JSON); none is a timed test."""
 
+import argparse
 import json
-from typing import Any
+from typing import Any, List, Optional
 
 
 def write_json(path: str, data: Any) -> None:
@@ -9,3 +10,17 @@ def write_json(path: str, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+
+
+def parse_with_device(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
+    """Parse `argv` with each benchmark's `--device` option added (default cuda when available,
+    else cpu); a device this machine cannot use is a usage error naming it (exit status 2)."""
+    from harness.config import best_device, check_device
+
+    parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
+    args = parser.parse_args(argv)
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args

@@ -16,8 +16,7 @@ import sys
 import tempfile
 from typing import Dict, List
 
-from bench import write_json
-from harness.config import best_device, check_device
+from bench import parse_with_device, write_json
 from harness.fuzz import FuzzOptions, run_single
 from harness.profiles import register_profiles
 
@@ -58,15 +57,10 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--config", action="append", help="configuration(s) (default medium)")
     parser.add_argument("--profile", default="ci")
     parser.add_argument("--impl", default="impl")
-    parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
     parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args(argv)
+    args = parse_with_device(parser, argv)
     if args.rounds < 1 or args.seconds <= 0:
         parser.error(f"--rounds must be >= 1 and --seconds > 0, got {args.rounds} and {args.seconds}")
-    try:
-        check_device(args.device)
-    except ValueError as exc:
-        parser.error(str(exc))
     print(f"engines on {args.device}, {args.seconds:g} s a run")
     result = measure(args.rounds, args.seconds, args.config or ["medium"], args.profile, args.impl, args.device)
     for i, (h, r) in enumerate(zip(result["steps_per_second"]["hypothesis"], result["steps_per_second"]["random"])):

@@ -27,10 +27,9 @@ from typing import Dict, List, Optional
 from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
-from bench import write_json
+from bench import parse_with_device, write_json
 from harness.adapters import ImplAdapter
 from harness.driver import PairedScheduler
-from harness.config import best_device, check_device
 from harness.fuzz import Stats
 from harness.machine import machine_for
 from harness.program import OperationChooser
@@ -207,16 +206,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="budget of each run (default 10)")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args(argv)
+    args = parse_with_device(parser, argv)
     if args.seconds <= 0:
         parser.error(f"--seconds must be positive, got {args.seconds}")
-    try:
-        check_device(args.device)
-    except ValueError as exc:
-        parser.error(str(exc))
     print(f"throughput on {args.device}, {args.seconds:g} s a run, {STEPS_PER_PROGRAM} steps a program")
     rows = measure(args.sizes, args.device, args.seconds, args.seed)
     print(f"{'tree':>10} {'nodes':>7} {'bare':>9} {'harness':>9} {'random':>9} {'harness/bare':>13} {'random/harness':>15}")

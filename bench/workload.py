@@ -34,8 +34,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 import impl
-from bench import write_json
-from harness.config import CacheConfig, best_device, check_device
+from bench import parse_with_device, write_json
+from harness.config import CacheConfig
 
 
 @dataclass
@@ -48,10 +48,14 @@ class Bench:
     req_pool: Any
     key: Callable[[List[int]], Any]
     device: str
+    on_cuda: bool = field(init=False)  # decided once: settle runs inside the timed evict calls
+
+    def __post_init__(self) -> None:
+        self.on_cuda = torch.device(self.device).type == "cuda"
 
     def settle(self) -> None:
         """Wait for the device's queued work, so that a clock read after it counts that work too."""
-        if torch.device(self.device).type == "cuda":
+        if self.on_cuda:
             torch.cuda.synchronize(self.device)
 
     @property
@@ -353,21 +357,16 @@ def available_caches(requested: Optional[List[str]]) -> List[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.workload", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
     parser.add_argument("--caches", nargs="+", choices=("impl", "sglang"), help="default: impl, and sglang when installed")
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=9, help="serve the workload this many times through each cache (default 9)")
     parser.add_argument("--nodes", nargs="+", type=int, default=[1000, 10000, 100000])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the figures to this file")
-    args = parser.parse_args(argv)
+    args = parse_with_device(parser, argv)
     if args.conversations < 1 or args.repeats < 1 or any(n < 1 for n in args.nodes):
         parser.error(f"--conversations, --repeats and --nodes must be positive, got {args.conversations}, "
                      f"{args.repeats} and {args.nodes}")
-    try:
-        check_device(args.device)
-    except ValueError as exc:
-        parser.error(str(exc))
     caches = available_caches(args.caches)
     versions = {"impl": impl.__version__}
     if "sglang" in caches:
