@@ -180,7 +180,7 @@ class Server:
         self.stats = ServeStats()
         self.row_dtype = bench.req_pool.req_to_token.dtype
         self._decoding: List[Running] = []  # the last decode batch, and its slots and positions
-        self._rows = self._positions = torch.empty(0, dtype=torch.int64)
+        self._rows = self._positions = torch.empty(0, dtype=torch.int64, device=bench.device)
 
     def _kv(self, n: int) -> torch.Tensor:
         """`n` KV slots in the row dtype, evicting first when the pool is short (SGLang's
@@ -234,8 +234,10 @@ class Server:
         slots = self._kv(len(batch))
         if batch != self._decoding:  # Running has no __eq__: the same requests, in order
             self._decoding = batch
-            self._rows = torch.tensor([run.req.req_pool_idx for run in batch])
-            self._positions = torch.tensor([run.prompt_len + len(run.req.output_ids) - 1 for run in batch])
+            self._rows = torch.tensor([run.req.req_pool_idx for run in batch], device=self.b.device)
+            self._positions = torch.tensor(
+                [run.prompt_len + len(run.req.output_ids) - 1 for run in batch], device=self.b.device
+            )
         else:
             self._positions += 1
         self.b.req_pool.write((self._rows, self._positions), slots)

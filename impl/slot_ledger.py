@@ -84,8 +84,13 @@ def debug_default(device: torch.device) -> bool:
 
 
 def as_device(device) -> torch.device:
-    """Normalise a device argument, naming it in the error when it is not one."""
+    """Normalise a device argument to the device its tensors report, naming it in the error
+    when it is not one: `cuda` becomes `cuda:N`, the current one, so that a pool's device
+    compares equal to its tensors' (`torch.device("cuda") != torch.device("cuda:0")`)."""
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (TypeError, RuntimeError):
         raise ValueError(f"not a torch device: {device!r}") from None
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved

@@ -263,8 +263,9 @@ def test_pools_live_on_cuda_and_skip_debug_syncs():
     kv = TokenToKVPoolAllocator(8, device="cuda")
     pool = HybridReqToTokenPool(size=2, mamba_size=2, max_context_len=8, device="cuda")
     assert kv.debug is False and pool.debug is False
-    assert kv.alloc(2).device.type == "cuda"
-    assert pool.mamba_pool.alloc(1).device.type == "cuda"
+    # "cuda" names the current device, so a pool's device equals its tensors' (cuda:N)
+    assert kv.alloc(2).device == kv.device
+    assert pool.mamba_pool.alloc(1).device == pool.mamba_pool.device == pool.device
 
 
 @pytest.mark.parametrize(
