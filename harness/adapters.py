@@ -165,7 +165,7 @@ class CacheAdapter:
         as_stored = {first_dtype: values}
         for dtype, _ in readings:
             if dtype not in as_stored:
-                as_stored[dtype] = torch.tensor(values, dtype=first_dtype).to(dtype).float().tolist()
+                as_stored[dtype] = torch.tensor(values, dtype=first_dtype, device="cpu").to(dtype).float().tolist()
         agrees = [True] * end
         for dtype, layers in readings:
             wants = as_stored[dtype]

@@ -33,7 +33,8 @@ python -c "import torch, hypothesis, sys; print('python', sys.version.split()[0]
 
 step tests 100 python -m pytest -q -p no:cacheprovider -n "${WORKERS:-16}" --device "$device" --hypothesis-profile dev \
     --durations 5 tests/test_state_machine.py tests/test_regressions.py tests/test_pools.py \
-    tests/test_cache_scenarios.py tests/test_traces.py tests/test_scheduler_demo.py tests/test_harness_bites.py
+    tests/test_cache_scenarios.py tests/test_traces.py tests/test_scheduler_demo.py tests/test_harness_bites.py \
+    tests/test_device_placement.py
 step workload 100 python -m bench.workload --device "$device" --repeats 3 --json "$out/workload.json"
 step mutants 80 python -m harness mutants --device "$device" --workers "${WORKERS:-16}" --json "$out/mutants.json"
 step throughput 50 python -m bench.throughput --device "$device" --seconds 3 --json "$out/throughput.json"
