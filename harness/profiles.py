@@ -5,6 +5,8 @@
   nightly  long programs, many examples, random, a database kept between runs ($HARNESS_DB)
   mutation what mutmut runs for each of its mutants: the ci profile's derandomized programs, fewer
            of them and no shrinking (a mutant only needs to fail), so a mutant costs seconds
+
+None of them runs Hypothesis' `explain` phase (see `REPORTING_PHASES`).
 """
 
 import os
@@ -14,6 +16,10 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATEFUL_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+# Every phase but `explain`: on a shrunk state-machine program it only adds "or any other
+# generated value" comments, and it replays the program variant by variant: with Hypothesis 6.170,
+# reporting a planted bug on the medium configuration took 60 s with it and 9 s without.
+REPORTING_PHASES = tuple(phase for phase in Phase if phase is not Phase.explain)
 PROFILES = ("dev", "ci", "nightly", "mutation")
 
 
@@ -23,7 +29,7 @@ def _register(name: str, parent: str, **budget) -> None:
         parent=settings.get_profile(parent),
         deadline=None,
         suppress_health_check=STATEFUL_HEALTH,
-        **budget,
+        **{"phases": REPORTING_PHASES, **budget},
     )
 
 
