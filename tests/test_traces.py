@@ -40,7 +40,8 @@ def found(tmp_path_factory):
 
 
 def run_cli(*args):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, ROOT]))
+    # the CLI's own output only: without numpy installed, importing torch warns on stderr
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, ROOT]), PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, env=env, cwd=ROOT)
 
 
