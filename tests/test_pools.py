@@ -78,6 +78,16 @@ def test_kv_debug_default_is_on_for_cpu_and_off_for_cuda():
     assert debug_default(torch.device("cuda")) is False
 
 
+def test_a_bare_cuda_device_names_the_current_one(monkeypatch):
+    # a cuda tensor reports cuda:N, and torch.device("cuda") != torch.device("cuda:0")
+    from impl.slot_ledger import as_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert as_device("cuda") == torch.device("cuda", 3)
+    assert as_device("cuda:1") == torch.device("cuda", 1)
+    assert as_device("cpu") == torch.device("cpu")
+
+
 def test_kv_need_sort_merges_released_slots_sorted(device):
     kv = TokenToKVPoolAllocator(4, device=device, need_sort=True, debug=True)
     got = kv.alloc(4)
