@@ -23,13 +23,14 @@ REPORTING_PHASES = tuple(phase for phase in Phase if phase is not Phase.explain)
 PROFILES = ("dev", "ci", "nightly", "mutation")
 
 
-def _register(name: str, parent: str, **budget) -> None:
+def _register(name: str, parent: str, phases=REPORTING_PHASES, **budget) -> None:
     settings.register_profile(
         name,
         parent=settings.get_profile(parent),
         deadline=None,
         suppress_health_check=STATEFUL_HEALTH,
-        **{"phases": REPORTING_PHASES, **budget},
+        phases=phases,
+        **budget,
     )
 
 

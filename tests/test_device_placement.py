@@ -10,9 +10,7 @@ for what this cannot show: the kernels themselves and the host/device synchronis
 """
 
 import functools
-import glob
 import io
-import os
 import random
 
 import pytest
@@ -22,11 +20,10 @@ import impl
 from bench import engines, throughput, workload
 from harness.adapters import ImplAdapter
 from harness.fuzz import FuzzOptions, Stats, random_program
-from harness.trace import load_trace, replay
 from strategies import SCENARIOS
+from test_regressions import TRACES, replay_problem, trace_id
 from test_scheduler_demo import load_demo
 
-HERE = os.path.dirname(__file__)
 PROGRAMS, STEPS = 6, 60
 
 
@@ -47,7 +44,8 @@ def run_random_programs(adapter_factory, device, config, trace_dir) -> Stats:
 @pytest.mark.parametrize("config", sorted(SCENARIOS))
 def test_random_programs_make_every_tensor_on_the_pools_device(config, device, tmp_path):
     stats = run_random_programs(ImplAdapter, device, config, tmp_path)
-    for failure in stats.failures:
+    if stats.failures:
+        failure = stats.failures[0]
         pytest.fail(
             f"a program failed with torch's default device set to meta, so most likely a tensor was "
             f"made without naming its device: [{failure['check']}] {failure['message']}\nits shrunk program: {failure['trace']}"
@@ -68,11 +66,12 @@ def test_a_tensor_made_without_its_device_fails_the_programs(device, tmp_path):
     assert "meta" in stats.failures[0]["message"]
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(HERE, "regressions", "*.json"))), ids=os.path.basename)
+@pytest.mark.parametrize("path", TRACES, ids=trace_id)
 def test_regression_traces_replay_without_the_default_device(path, device):
     with no_default_device():
-        verdict = replay(load_trace(path), device=str(device))
-    assert verdict.ok, verdict.failure
+        problem = replay_problem(path, ImplAdapter, device)
+    if problem:
+        pytest.fail(f"{path} {problem}")
 
 
 def test_benchmark_commands_make_every_tensor_on_their_device(device, capsys):

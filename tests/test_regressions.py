@@ -18,12 +18,21 @@ HERE = os.path.dirname(__file__)
 TRACES = sorted(glob.glob(os.path.join(HERE, "regressions", "**", "*.json"), recursive=True))
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, os.path.join(HERE, "regressions")))
-def test_trace_replays(path, adapter_factory, device):
+def trace_id(path: str) -> str:
+    return os.path.relpath(path, os.path.join(HERE, "regressions"))
+
+
+def replay_problem(path: str, adapter_factory, device) -> str:
+    """What is wrong with replaying the trace at `path` on `device` (empty when nothing is)."""
     trace = load_trace(path)
     verdict = replay(trace, adapter_factory, device=str(device), source=path)
     adapter = adapter_factory(trace.config)
-    problem = judge(trace, verdict, impl=adapter.name, version=adapter.version())
+    return judge(trace, verdict, impl=adapter.name, version=adapter.version())
+
+
+@pytest.mark.parametrize("path", TRACES, ids=trace_id)
+def test_trace_replays(path, adapter_factory, device):
+    problem = replay_problem(path, adapter_factory, device)
     if problem:
         pytest.fail(f"{path} {problem}")
 
