@@ -10,6 +10,7 @@ a refresh does not touch the queue beyond settling its front.
 
 from __future__ import annotations
 
+import weakref
 from operator import attrgetter
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -17,15 +18,22 @@ from impl.eviction_queue import EvictionQueue
 
 
 class Link:
-    """One node's membership in one LRU list."""
+    """One node's membership in one LRU list. It refers to its node weakly: a node owns its
+    links, so a strong reference back would make every node a reference cycle, reclaimed only by
+    a full collection once it leaves the tree."""
 
-    __slots__ = ("node", "prev", "next", "tick")
+    __slots__ = ("_node", "prev", "next", "tick")
 
     def __init__(self, node: Any = None):
-        self.node = node
+        self._node = None if node is None else weakref.ref(node)
         self.prev: Optional[Link] = None
         self.next: Optional[Link] = None
         self.tick = -1
+
+    @property
+    def node(self) -> Any:
+        """The node this link places (None for a list's head and tail)."""
+        return None if self._node is None else self._node()
 
     @property
     def linked(self) -> bool:
@@ -94,6 +102,18 @@ class LRUList:
             self._clock += 1
             link.tick = self._clock
         self._queue.settle_front()
+
+    def clear(self) -> None:
+        """Take every member out (O(n)): no link is left pointing at another."""
+        link = self._head.next
+        while link is not self._tail:
+            following = link.next
+            link.prev = link.next = None
+            link = following
+        self._head.next = self._tail
+        self._tail.prev = self._head
+        self._size = 0
+        self._queue = EvictionQueue(self._candidate_tick)
 
     def remove(self, node: Any) -> None:
         """Take a member out of the list."""

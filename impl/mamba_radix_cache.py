@@ -72,7 +72,10 @@ class MambaRadixCache:
     # ----- public API -------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget the whole tree (the pools are the caller's to clear)."""
+        """Forget the whole tree (the pools are the caller's to clear). The old tree is taken
+        apart, so that reference counting alone reclaims it."""
+        if getattr(self, "root_node", None) is not None:
+            self._dismantle()
         self._node_ids = itertools.count()
         self.root_node = TreeNode(next(self._node_ids), RadixKey([]), self._empty_indices())
         self.root_node.full_lock_ref = 1
@@ -83,6 +86,17 @@ class MambaRadixCache:
         self.mamba_protected_size_ = 0
         self.full_lru_list = LRUList("full_link", "full", _is_evictable_leaf)
         self.mamba_lru_list = LRUList("mamba_link", "mamba", _is_evictable_mamba)
+
+    def _dismantle(self) -> None:
+        """Unlink every node from its children and both lists (no cycle is left to collect)."""
+        for lru in (self.full_lru_list, self.mamba_lru_list):
+            lru.clear()
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            node.children = {}
+            node.in_tree = False
 
     def match_prefix(self, key: RadixKey, **kwargs) -> MatchResult:
         """The longest cached prefix of `key` that ends at a node holding a Mamba state.
@@ -135,26 +149,39 @@ class MambaRadixCache:
             )
         if self.disable:
             return 0, False
+        # the tree keeps copies of its own: the caller may reuse its tensors
+        value = value.to(device=self.device, dtype=torch.int64, copy=True)
+        mamba_value = mamba_value.to(device=self.device, dtype=torch.int64, copy=True)
         return self._insert_helper(key, value, mamba_value)[:2]
 
-    def cache_finished_req(self, req) -> None:
-        """Put a finished request's tokens into the tree and release its slots and its lock."""
+    def cache_finished_req(self, req, is_insert: bool = True) -> None:
+        """Put a finished request's computed tokens (its input and all but its last output
+        token) into the tree and release its slots and its lock. With `is_insert=False` (a
+        retracted or failed request) nothing goes into the tree: the request's own KV slots,
+        its request slot and its Mamba slot are freed. (0.5.4 inserted `(input + output)[:-1]`,
+        one token short for a request with no output: the last input token's KV slot leaked
+        and the state sat on a prefix one token shorter than the one it was computed for; and
+        it refused `is_insert`, which its own scheduler passes on retraction.)"""
         self._check_req(req, "cache_finished_req")
+        kv_len = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+        kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
         if self.disable:
-            kv_len = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
-            kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
             self.token_to_kv_pool_allocator.free(kv_indices)
             self.req_to_token_pool.free(req.req_pool_idx)
             return
+        if not is_insert:
+            self.token_to_kv_pool_allocator.free(kv_indices[len(req.prefix_indices) :])
+            self.req_to_token_pool.free(req.req_pool_idx)
+            self.dec_lock_ref(req.last_node)
+            return
 
-        token_ids = (req.origin_input_ids + req.output_ids)[:-1]
-        kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
+        token_ids = (req.origin_input_ids + req.output_ids)[:kv_len]
         mamba_value = self._req_mamba_slot(req).to(torch.int64, copy=True)  # the tree's own copy
-        new_prefix_len, mamba_exist = self.insert(
+        new_prefix_len, mamba_exist = self._insert_helper(
             RadixKey._trusted(token_ids, req.extra_key),
-            kv_indices.to(dtype=torch.int64, copy=True),
+            kv_indices.to(dtype=torch.int64, copy=True),  # the tree's own copies (insert would copy again)
             mamba_value,
-        )
+        )[:2]
         self.token_to_kv_pool_allocator.free(kv_indices[len(req.prefix_indices) : new_prefix_len])
         self.req_to_token_pool.free(req.req_pool_idx, free_mamba_cache=mamba_exist)
         self.dec_lock_ref(req.last_node)
@@ -192,7 +219,8 @@ class MambaRadixCache:
                     f"evicting (pool of {mamba_pool.size}, all states locked)"
                 )
         key = RadixKey._trusted(token_ids, req.extra_key)
-        new_prefix_len, mamba_exist, new_last_node, split = self._insert_helper(key, value, forked)
+        # the fork is a view of the pool's free list: the tree keeps a copy of its own
+        new_prefix_len, mamba_exist, new_last_node, split = self._insert_helper(key, value, forked.clone())
         prefix_len = req.prefix_indices.shape[0]
         if new_prefix_len > prefix_len:
             self.token_to_kv_pool_allocator.free(kv_indices[prefix_len:new_prefix_len])

@@ -31,6 +31,7 @@ class TreeNode:
         "full_link",
         "mamba_link",
         "in_tree",
+        "__weakref__",
     )
 
     def __init__(self, node_id: int, key: RadixKey, value: torch.Tensor, parent: Optional["TreeNode"] = None):
