@@ -3,14 +3,19 @@
 A node is named by its *path*: `(extra_key, tokens)` with `tokens` every token from the root to
 the node's end. Parent, children, segments and LRU order are all derived from the dict, never
 stored. The pools are FIFO free lists, so the model predicts the exact slots every call hands
-out. Each rule of SGLang 0.5.4's `MambaRadixCache` is followed literally (including its eviction
-walks) and marked with a `# rule:` line. No code is shared with `impl/`.
+out. Each rule is marked with a `# rule:` line.
+
+The model states the cache's contract, not any release's code: where SGLang 0.5.4 does otherwise
+by mistake (a request finished with no output token caches one token too few and leaks its KV
+slot; `cache_finished_req` refuses `is_insert`, which its own scheduler passes), the model does
+the intended thing and the release fails. What releases changed on purpose is a named switch of
+`Rules`. No code is shared with `impl/`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, List, Optional, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 Path = Tuple[Hashable, Tuple[int, ...]]
 ROOT: Path = (None, ())
@@ -34,8 +39,6 @@ class Rules:
     # insert itself frees the caller's KV for tokens already cached past `prev_prefix_len` (else
     # the caller frees them)
     insert_frees_duplicate_kv: bool = False
-    # freeing a Mamba slot zeroes its state (else the state is stale until the next forward)
-    freed_mamba_zeroed: bool = True
     # the first Mamba / request slot (a release that reserves slot 0 as a padding target uses 1)
     first_mamba_slot: int = 0
     first_req_slot: int = 0
@@ -51,16 +54,14 @@ SGLANG_0_5_20 = Rules(
     split_refreshes_mamba=False,
     insert_refreshes_end_node=True,
     insert_frees_duplicate_kv=True,
-    freed_mamba_zeroed=False,
     first_mamba_slot=1,
     first_req_slot=1,
     req_slots_from_tail=True,
 )
-STALE = None  # the model's state for a Mamba slot whose data is not defined (freed, not zeroed)
 
 
 class ModelMambaExhausted(Exception):
-    """The model says: no Mamba slot even after evict_mamba (the seed's assert fires)."""
+    """The model says: no Mamba slot even after evict_mamba (the cache cannot go on)."""
 
 
 @dataclass
@@ -88,6 +89,10 @@ class ModelReq:
     last: Path = ROOT
     row: Dict[int, int] = field(default_factory=dict)
 
+    def kv_len(self) -> int:
+        """rule: a request's computed tokens are its input and all but its last output token."""
+        return len(self.origin) + max(len(self.output) - 1, 0)
+
 
 def _lcp(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
     n = 0
@@ -110,8 +115,7 @@ class ReferenceCache:
         self.kv_free: List[int] = list(self.kv_slots)
         self.mamba_free: List[int] = list(self.mamba_slots)
         self.req_free: List[int] = list(self.req_slots)
-        # expected state of each Mamba slot (absent = 0, STALE = not defined)
-        self.mamba_state: Dict[int, Optional[float]] = {}
+        self.kv_group: Optional[List[int]] = None  # frees held back by an open free group
         self.clock = 0
         self.events: List[str] = []  # reach labels of the rules that fired, for the harness
 
@@ -296,6 +300,10 @@ class ReferenceCache:
         for p in self.ancestors_and_self(path):
             self.nodes[p].kv_lock -= 1
 
+    def reset(self) -> None:
+        """rule: a flush forgets the whole tree (the pools are cleared by their own calls)."""
+        self.nodes = {}
+
     # ----- eviction (the seed's walks, literally) ---------------------------------------------
 
     def _next_in_full(self, after_tick: int, want) -> Optional[Path]:
@@ -382,53 +390,74 @@ class ReferenceCache:
     def kv_alloc(self, n: int) -> Optional[List[int]]:
         return self._take(self.kv_free, n)
 
-    def free_kv(self, slots) -> None:
-        self.kv_free.extend(slots)  # rule: freed slots go to the tail
+    def free_kv(self, slots: Sequence[int]) -> None:
+        """rule: freed slots go to the tail; inside a free group, when the group ends."""
+        if self.kv_group is not None:
+            self.kv_group.extend(slots)
+        else:
+            self.kv_free.extend(slots)
+
+    def free_group_begin(self) -> None:
+        self.kv_group = []
+
+    def free_group_end(self) -> None:
+        group, self.kv_group = self.kv_group or [], None
+        self.free_kv(group)
+
+    def kv_clear(self) -> None:
+        """rule: a cleared KV pool has every slot free, in order."""
+        self.kv_free = list(self.kv_slots)
+        self.kv_group = None
 
     def mamba_alloc(self, n: int) -> Optional[List[int]]:
         return self._take(self.mamba_free, n)
 
-    def free_mamba(self, slots) -> None:
-        for s in slots:
-            if self.rules.freed_mamba_zeroed:
-                self.mamba_state.pop(s, None)  # rule: freeing a Mamba slot zeroes its state
-            else:
-                self.mamba_state[s] = STALE  # rule (0.5.20): a freed slot keeps stale data
+    def free_mamba(self, slots: Sequence[int]) -> None:
         self.mamba_free.extend(slots)
 
-    def mamba_fill(self, slot: int, value: float) -> None:
-        self.mamba_state[slot] = value
-
-    def mamba_copy(self, src: int, dst: int) -> None:
-        self.mamba_state[dst] = self.mamba_state.get(src, 0.0)
-
-    def req_alloc(self, req: ModelReq) -> Optional[int]:
-        """rule: a request slot, plus a Mamba slot for a request without one; all or nothing."""
-        if not self.req_free or (req.mamba_slot is None and not self.mamba_free):
+    def req_alloc(self, reqs: Sequence[ModelReq]) -> Optional[List[int]]:
+        """rule: one request slot each, plus a Mamba slot for each request without one; all or
+        nothing."""
+        need = sum(1 for r in reqs if r.mamba_slot is None)
+        if len(reqs) > len(self.req_free) or need > len(self.mamba_free):
             return None
-        if req.mamba_slot is None:
-            req.mamba_slot = self.mamba_alloc(1)[0]
-        req.req_slot = self.req_free.pop(-1 if self.rules.req_slots_from_tail else 0)
-        return req.req_slot
+        for r in reqs:
+            if r.mamba_slot is None:
+                r.mamba_slot = self.mamba_alloc(1)[0]
+        slots = []
+        for r in reqs:
+            r.req_slot = self.req_free.pop(-1 if self.rules.req_slots_from_tail else 0)
+            r.row = {}
+            slots.append(r.req_slot)
+        return slots
 
-    def req_free_slot(self, req: ModelReq, free_mamba: bool) -> None:
+    def req_free_slot(self, req: ModelReq, free_mamba: bool = True) -> None:
+        """rule: a request slot goes back to the tail; with it, unless told otherwise, the
+        request's Mamba slot. The pool frees by index: what the request's own fields say is the
+        scheduler's to reset."""
         self.req_free.append(req.req_slot)
         if free_mamba:
             self.free_mamba([req.mamba_slot])
         req.req_slot = None
+        req.row = {}
 
-    # ----- request-level twins ----------------------------------------------------------------
+    def req_pool_clear(self) -> None:
+        """rule: a cleared request pool has every request and Mamba slot free, in order."""
+        self.req_free = list(self.req_slots)
+        self.mamba_free = list(self.mamba_slots)
+
+    # ----- request-level calls ----------------------------------------------------------------
 
     def match_for_request(self, req: ModelReq, key: Tuple[int, ...], cow: bool) -> Tuple[Tuple[int, ...], Path]:
         """rule: match; with cow, copy the matched state into the request's own Mamba slot,
         allocating one (evicting one state, the matched node protected) if it has none."""
         kv, last = self.match_prefix(key, req.extra_key)
         if cow and last != ROOT:
-            src = self.nodes[last].mamba
             self.note("cow into a new slot" if req.mamba_slot is None else "cow into an existing slot")
             if req.mamba_slot is None:
                 got = self.mamba_alloc(1)
                 if got is None:
+                    self.note("cow into a full Mamba pool: evicted a state")
                     self.inc_lock(last)
                     self.evict_mamba(1)
                     got = self.mamba_alloc(1)
@@ -436,22 +465,29 @@ class ReferenceCache:
                     if got is None:
                         raise ModelMambaExhausted()
                 req.mamba_slot = got[0]
-            self.mamba_copy(src, req.mamba_slot)
         return kv, last
+
+    def _row(self, req: ModelReq, n: int) -> Tuple[int, ...]:
+        missing = [i for i in range(n) if i not in req.row]
+        if missing:
+            raise ValueError(f"request {req.rid}'s row holds no KV slot at position(s) {missing}")
+        return tuple(req.row[i] for i in range(n))
 
     def cache_unfinished_req(self, req: ModelReq) -> None:
         """rule: insert fill with the request's KV and a fork of its state; free the request's
         duplicate KV (and the fork if a state existed); re-match and move the lock there."""
         tokens = req.fill
-        kv = tuple(req.row[i] for i in range(len(tokens)))
+        kv = self._row(req, len(tokens))
         fork = self.mamba_alloc(1)
         if fork is None:
             self.evict_mamba(1)
             fork = self.mamba_alloc(1)
             if fork is None:
                 raise ModelMambaExhausted()
-        self.mamba_copy(req.mamba_slot, fork[0])
+        splits = self.events.count("node split")
         new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, fork[0], len(req.prefix))
+        if self.events.count("node split") > splits:
+            self.note("a running request's insert split a node")
         if not self.rules.insert_frees_duplicate_kv:
             self.free_kv(kv[len(req.prefix):new_prefix_len])
         if exist:
@@ -463,11 +499,19 @@ class ReferenceCache:
         self.inc_lock(new_last)
         req.prefix, req.last = new_kv, new_last
 
-    def cache_finished_req(self, req: ModelReq) -> None:
-        """rule: insert (input + output)[:-1] with the request's KV and its own state; free the
-        duplicate KV, the request slot, and the state if one already existed; unlock."""
-        tokens = (req.origin + tuple(req.output))[:-1]
-        kv = tuple(req.row[i] for i in range(len(tokens)))
+    def cache_finished_req(self, req: ModelReq, is_insert: bool = True) -> None:
+        """rule: the request's computed tokens (`kv_len`) go in with their KV and the request's
+        own state; the duplicate KV, the request slot, and the state if one already existed are
+        freed, and the lock released. With `is_insert=False` (a retracted or failed request)
+        nothing goes in: all the request's own KV, its request slot and its state are freed."""
+        n = req.kv_len()
+        kv = self._row(req, n)
+        if not is_insert:
+            self.free_kv(kv[len(req.prefix):])
+            self.req_free_slot(req, free_mamba=True)
+            self.dec_lock(req.last)
+            return
+        tokens = (req.origin + tuple(req.output))[:n]
         new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, req.mamba_slot, len(req.prefix))
         if not self.rules.insert_frees_duplicate_kv:
             self.free_kv(kv[len(req.prefix):new_prefix_len])
