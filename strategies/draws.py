@@ -11,7 +11,7 @@ from typing import Protocol, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from harness.config import CacheConfig
+from strategies.config import CacheConfig, SchedulerConfig
 from strategies.scenarios import Scenario, choices
 from strategies.tokens import Tokens, sharing_prefix, sharing_prefixes
 
@@ -21,9 +21,19 @@ class Draws(Protocol):
 
     def pick(self, options: Tuple, label: str): ...
 
+    def flag(self, label: str) -> bool: ...
+
     def tokens(self, corpus: Sequence[Tokens], scenario: Scenario, min_len: int, label: str) -> Tokens: ...
 
     def config(self, scenario: Scenario, device: str) -> CacheConfig: ...
+
+    def scheduler(self, scenario: Scenario, config: CacheConfig) -> SchedulerConfig: ...
+
+
+@st.composite
+def _with_integers(draw, make):
+    """What `make(integer)` builds, each integer drawn from Hypothesis."""
+    return make(lambda lo, hi: draw(st.integers(lo, hi)))
 
 
 class HypothesisDraws:
@@ -38,11 +48,17 @@ class HypothesisDraws:
     def pick(self, options: Tuple, label: str):
         return self.data.draw(choices(tuple(options)), label=label)
 
+    def flag(self, label: str) -> bool:
+        return self.data.draw(st.booleans(), label=label)
+
     def tokens(self, corpus, scenario: Scenario, min_len: int, label: str) -> Tokens:
         return self.data.draw(sharing_prefixes(corpus, scenario.vocab, scenario.max_len, min_len), label=label)
 
     def config(self, scenario: Scenario, device: str) -> CacheConfig:
-        return self.data.draw(scenario.pools(device), label="config")
+        return self.data.draw(_with_integers(lambda integer: scenario.config(integer, device)), label="config")
+
+    def scheduler(self, scenario: Scenario, config: CacheConfig) -> SchedulerConfig:
+        return self.data.draw(_with_integers(lambda integer: scenario.scheduler(integer, config)), label="scheduler")
 
 
 class RandomDraws:
@@ -57,11 +73,17 @@ class RandomDraws:
     def pick(self, options: Tuple, label: str):
         return self.rng.choice(options)
 
+    def flag(self, label: str) -> bool:
+        return self.rng.random() < 0.5
+
     def tokens(self, corpus, scenario: Scenario, min_len: int, label: str) -> Tokens:
         return sharing_prefix(self.rng.randint, corpus, scenario.vocab, scenario.max_len, min_len)
 
     def config(self, scenario: Scenario, device: str) -> CacheConfig:
         return scenario.config(self.rng.randint, device)
+
+    def scheduler(self, scenario: Scenario, config: CacheConfig) -> SchedulerConfig:
+        return scenario.scheduler(self.rng.randint, config)
 
 
 __all__ = ["Draws", "HypothesisDraws", "RandomDraws"]

@@ -1,75 +1,72 @@
-"""Scenarios: pool sizes, request shapes and operation weights for one state-machine configuration.
+"""Scenarios: pool sizes, server settings, request shapes and operation weights for one
+configuration of the harness.
 
-A scenario's `pools` strategy draws the sizes the cache is built with; `mix` weights the
-operations the machine's step rule picks from (weights are relative; 0 disables an operation).
-Tiny pools put eviction and allocation failure on most steps; roomy ones grow deep trees.
+A scenario draws the pools the cache is built with (`pool_config`) and the scheduler's server
+settings (`scheduler_config`), and weights the operations the chooser picks from (weights are
+relative; 0 disables one). Tiny pools put eviction, refusals and retraction on most steps; roomy
+ones grow deep trees. Pools are sized as SGLang's model runner sizes them for a hybrid model
+with the radix cache on: the request pool holds at most a third of the Mamba pool's slots
+(`MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO`). A tiny KV pool now and then gets a prompt too
+long for it (the scheduler aborts it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Dict, Hashable, Mapping, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Mapping, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from harness.config import CacheConfig
+from strategies.config import CacheConfig, SchedulerConfig
+
+Integer = Callable[[int, int], int]
+
+MAMBA_PER_REQUEST = 3  # model_runner.MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
 
 OPERATIONS: Tuple[str, ...] = (
-    "start_request",
-    "admit",
-    "rematch",
-    "prefill_chunk",
-    "decode",
-    "finish",
+    "arrive",
+    "iterate",
     "abort",
-    "evict",
-    "evict_mamba",
+    "flush",
     "insert",
     "match",
     "lock",
     "unlock",
     "unlock_unlocked",
     "lock_evicted",
+    "evict",
+    "evict_mamba",
+    "cow_match",
+    "req_slots",
 )
 
 DEFAULT_MIX: Mapping[str, int] = {
-    "start_request": 6,
-    "admit": 5,
-    "rematch": 2,
-    "prefill_chunk": 5,
-    "decode": 5,
-    "finish": 4,
+    "arrive": 6,
+    "iterate": 12,
     "abort": 1,
-    "evict": 2,
-    "evict_mamba": 2,
-    "insert": 3,
-    "match": 2,
+    "flush": 1,
+    "insert": 2,
+    "match": 1,
     "lock": 1,
     "unlock": 1,
     "unlock_unlocked": 1,
     "lock_evicted": 1,
+    "evict": 1,
+    "evict_mamba": 1,
+    "cow_match": 1,
+    "req_slots": 1,
 }
 
 
-def pool_config(integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu") -> CacheConfig:
-    """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks).
-
-    The request pool is never larger than the Mamba pool: every running request holds a Mamba
-    slot, and SGLang sizes its pools so (its request-to-Mamba map has one entry per Mamba slot).
-    """
-    if req[0] > mamba[0]:
-        raise ValueError(f"request pool sizes {req} must allow one no larger than the Mamba pool {mamba}")
+def pool_config(integer: Integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu") -> CacheConfig:
+    """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks),
+    the request pool no larger than a third of the Mamba pool."""
+    if req[0] * MAMBA_PER_REQUEST > mamba[0]:
+        raise ValueError(f"request pool sizes {req} must allow one no larger than a third of the Mamba pool {mamba}")
     kv_size, mamba_size = integer(*kv), integer(*mamba)
-    req_size = integer(req[0], min(req[1], mamba_size))
+    req_size = integer(req[0], min(req[1], mamba_size // MAMBA_PER_REQUEST))
     return CacheConfig(kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device)
-
-
-def pool_configs(
-    kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu"
-) -> st.SearchStrategy[CacheConfig]:
-    """Hypothesis strategy for `pool_config`."""
-    return st.composite(lambda draw: pool_config(lambda lo, hi: draw(st.integers(lo, hi)), kv, mamba, req, device))()
 
 
 def weighted_operations(mix: Mapping[str, int], applicable: Sequence[str]) -> Tuple[str, ...]:
@@ -89,7 +86,7 @@ def choices(options: Tuple) -> st.SearchStrategy:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One state-machine configuration."""
+    """One configuration of the harness."""
 
     name: str
     kv: Tuple[int, int]
@@ -97,15 +94,36 @@ class Scenario:
     req: Tuple[int, int]
     vocab: int = 4
     max_len: int = 12
-    max_chunk: int = 6
+    max_chunk: int = 6  # the largest chunked_prefill_size drawn
+    max_new: int = 12  # the largest max_new_tokens a request asks for (large ones bring retraction)
     extra_keys: Tuple[Hashable, ...] = (None,)
+    disaggregation: Tuple[str, ...] = ("null",)
+    conservativeness: Tuple[float, ...] = (1.0, 0.3, 1.5)  # 0.3: decode memory reserved thinly
+    eos_odds: int = 4  # the forward pass samples the eos token about once in eos_odds * vocab tokens
+    min_running: int = 1  # the fewest max_running_requests drawn (at most the request pool's size)
     mix: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MIX))
 
-    def pools(self, device: str = "cpu") -> st.SearchStrategy[CacheConfig]:
-        return pool_configs(self.kv, self.mamba, self.req, device)
+    @property
+    def eos(self) -> int:
+        """The eos token: one past the prompt vocabulary, so only the forward pass samples it."""
+        return self.vocab
 
-    def config(self, integer, device: str = "cpu") -> CacheConfig:
+    def config(self, integer: Integer, device: str = "cpu") -> CacheConfig:
         return pool_config(integer, self.kv, self.mamba, self.req, device)
+
+    def scheduler(self, integer: Integer, config: CacheConfig) -> SchedulerConfig:
+        """Server settings for one program: chunked prefill on or off, the prefill budget, how
+        many requests run at once, the policy, how conservatively decode memory is reserved."""
+        chunk = integer(0, self.max_chunk)
+        return SchedulerConfig(
+            chunked_prefill_size=chunk if chunk >= 2 else None,
+            max_prefill_tokens=(self.max_len, 4 * self.max_len, 16384)[integer(0, 2)],
+            max_running_requests=integer(min(self.min_running, config.req_size), config.req_size),
+            schedule_policy=("fcfs", "lpm")[integer(0, 1)],
+            schedule_conservativeness=self.conservativeness[integer(0, len(self.conservativeness) - 1)],
+            disaggregation_mode=self.disaggregation[integer(0, len(self.disaggregation) - 1)],
+            eos_token_id=self.eos,
+        )
 
     def weighted(self, **weights: int) -> "Scenario":
         """The same scenario with some operation weights changed."""
@@ -115,17 +133,24 @@ class Scenario:
         return replace(self, mix={**self.mix, **weights})
 
 
-TINY = Scenario("tiny", kv=(6, 16), mamba=(2, 4), req=(1, 3), vocab=3, max_len=8, max_chunk=4)
-MEDIUM = Scenario("medium", kv=(24, 64), mamba=(4, 10), req=(2, 4))
-LARGE = Scenario("large", kv=(128, 320), mamba=(16, 48), req=(4, 8), vocab=5, max_len=20, max_chunk=8)
-CHUNKED = Scenario("chunked", kv=(24, 64), mamba=(3, 8), req=(2, 4), max_len=16, max_chunk=3).weighted(
-    prefill_chunk=12, admit=6, decode=3, insert=1
+TINY = Scenario("tiny", kv=(12, 26), mamba=(3, 7), req=(1, 2), vocab=3, max_len=8, max_chunk=4)
+MEDIUM = Scenario("medium", kv=(24, 64), mamba=(6, 12), req=(2, 4))
+LARGE = Scenario("large", kv=(128, 320), mamba=(24, 48), req=(4, 8), vocab=5, max_len=20, max_chunk=8, max_new=40)
+CHUNKED = Scenario("chunked", kv=(24, 64), mamba=(6, 12), req=(2, 4), max_len=16, max_chunk=4).weighted(arrive=8, iterate=16)
+LOCK_HEAVY = Scenario("lock_heavy", kv=(20, 48), mamba=(3, 9), req=(1, 3)).weighted(
+    lock=5, unlock=3, unlock_unlocked=3, lock_evicted=2, evict=4, evict_mamba=4, insert=4, cow_match=4
 )
-LOCK_HEAVY = Scenario("lock_heavy", kv=(16, 48), mamba=(3, 8), req=(2, 4)).weighted(
-    lock=5, unlock=3, unlock_unlocked=3, lock_evicted=2, evict=4, evict_mamba=4
-)
-EXTRA_KEYS = Scenario("extra_keys", kv=(24, 64), mamba=(4, 10), req=(2, 4), extra_keys=(None, "lora-a", "lora-b"))
+EXTRA_KEYS = Scenario("extra_keys", kv=(24, 64), mamba=(6, 12), req=(2, 4), extra_keys=(None, "lora-a", "lora-b"))
+# several requests decoding at once on a KV pool that cannot hold all they may generate, with
+# decode memory reserved very thinly and eos rare: retraction on most programs that run long
+DECODE_PRESSURE = Scenario(
+    "decode_pressure", kv=(10, 24), mamba=(9, 14), req=(3, 4), max_len=4, max_new=16, conservativeness=(0.1,),
+    eos_odds=16, min_running=2,
+).weighted(arrive=10, iterate=30)
+DISAGG_PREFILL = Scenario(
+    "disagg_prefill", kv=(24, 64), mamba=(6, 12), req=(2, 4), max_len=14, max_chunk=4, disaggregation=("prefill",)
+).weighted(abort=3)
 
 SCENARIOS: Dict[str, Scenario] = {
-    s.name: s for s in (TINY, MEDIUM, LARGE, CHUNKED, LOCK_HEAVY, EXTRA_KEYS)
+    s.name: s for s in (TINY, MEDIUM, LARGE, CHUNKED, LOCK_HEAVY, EXTRA_KEYS, DECODE_PRESSURE, DISAGG_PREFILL)
 }
