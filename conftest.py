@@ -1,5 +1,5 @@
-"""Project-wide pytest setup: Hypothesis profiles, `--device`, `--cache-impl`, the `gpu` and
-`sglang` markers.
+"""Project-wide pytest setup: Hypothesis profiles, `--device`, `--cache-impl`, `--protocol`, the
+`gpu` and `sglang` markers.
 
 Profiles (pick with `--hypothesis-profile NAME`; default `ci` when CI is set, else `dev`):
   dev      quick local runs, with the local example database
@@ -7,8 +7,8 @@ Profiles (pick with `--hypothesis-profile NAME`; default `ci` when CI is set, el
   nightly  long programs, many examples, a database kept between runs
 
 `--cache-impl impl|sglang|MODULE:CLASS` picks the cache the state machine and the regression
-traces run against (default `impl`). Tests marked `sglang` need SGLang importable and skip,
-saying why, when it is not.
+traces run against (default `impl`), `--protocol` the scheduler that drives it (default the
+cache's own). Tests marked `sglang` need SGLang importable and skip, saying why, when it is not.
 """
 
 import os
@@ -17,10 +17,11 @@ import pytest
 import torch
 from hypothesis import settings
 
-from harness.adapters import adapter_for
-from harness.config import check_device
+from harness.caches import cache_factory
+from harness.caches.sglang_loader import sglang_unavailable
+from harness.devices import check_device
 from harness.profiles import register_profiles
-from harness.sglang_adapter import sglang_unavailable
+from harness.protocols import protocol_class
 
 register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
@@ -30,21 +31,28 @@ def pytest_addoption(parser):
     parser.addoption(
         "--device",
         default="cpu",
-        help="torch device for the implementation under test (cpu or cuda); default cpu",
+        help="torch device for the cache under test (cpu or cuda); default cpu",
     )
     parser.addoption(
         "--cache-impl",
         default="impl",
-        help="cache under test: impl (default), sglang (SGLang's MambaRadixCache) or MODULE:CLASS",
+        help="cache under test: impl (default), sglang (SGLang's own, when installed) or MODULE:CLASS",
+    )
+    parser.addoption(
+        "--protocol",
+        default=None,
+        help="scheduler protocol driving it (default: the cache's own: contract for impl, the release's for sglang)",
     )
 
 
 def pytest_configure(config):
     try:
         check_device(config.getoption("--device"))
-        adapter_for(config.getoption("--cache-impl"))
+        cache_factory(config.getoption("--cache-impl"))
+        if config.getoption("--protocol") is not None:
+            protocol_class(config.getoption("--protocol"))
     except ValueError as exc:
-        raise pytest.UsageError(str(exc))
+        raise pytest.UsageError(str(exc).replace("--impl", "--cache-impl"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def device(request) -> torch.device:
-    """The torch device the implementation under test runs on (`--device`)."""
+    """The torch device the cache under test runs on (`--device`)."""
     return torch.device(request.config.getoption("--device"))
 
 
@@ -71,6 +79,12 @@ def cache_impl(request) -> str:
 
 
 @pytest.fixture
-def adapter_factory(cache_impl):
-    """Builds the adapter of the cache under test from a `CacheConfig`."""
-    return adapter_for(cache_impl)
+def cache_under_test(cache_impl):
+    """Builds the cache under test from a `CacheConfig`."""
+    return cache_factory(cache_impl)
+
+
+@pytest.fixture
+def protocol(request):
+    """The scheduler protocol the state machine runs (`--protocol`; None: the cache's own)."""
+    return request.config.getoption("--protocol")

@@ -1,5 +1,9 @@
 """The harness's operation vocabulary: every operation a trace can hold, with its arguments.
 
+Scheduler events (every protocol): `arrive`, `iterate`, `abort`, `flush`. Direct API calls
+(the contract protocol only, see `harness.protocols.direct_api`): `insert`, `match`, `lock`,
+`unlock`, `unlock_unlocked`, `lock_evicted`, `evict`, `evict_mamba`, `cow_match`, `req_slots`.
+
 `OPERATIONS[name]` maps each argument to its kind. `check_arguments` validates one recorded
 operation and names the offending field; the driver records and replays operations through it.
 """
@@ -11,21 +15,20 @@ from typing import Any, Dict, Mapping
 TOKENS, NONEMPTY_TOKENS, COUNT, FLAG, EXTRA_KEY = "tokens", "nonempty tokens", "count", "flag", "extra key"
 
 OPERATIONS: Dict[str, Dict[str, str]] = {
-    "start_request": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY, "cow": FLAG},
-    "admit": {"rid": COUNT, "chunk": COUNT, "first_output": COUNT},
-    "rematch": {"rid": COUNT},
-    "prefill_chunk": {"rid": COUNT, "chunk": COUNT, "first_output": COUNT},
-    "decode": {"rid": COUNT, "token": COUNT},
-    "finish": {"rid": COUNT},
+    "arrive": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY, "max_new_tokens": COUNT},
+    "iterate": {"tokens": TOKENS, "transferred": COUNT},
     "abort": {"rid": COUNT},
-    "evict": {"num_tokens": COUNT},
-    "evict_mamba": {"num": COUNT},
+    "flush": {},
     "insert": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY},
     "match": {"tokens": TOKENS, "extra_key": EXTRA_KEY},
     "lock": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY},
     "unlock": {"index": COUNT},
     "unlock_unlocked": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY},
     "lock_evicted": {"index": COUNT},
+    "evict": {"num_tokens": COUNT},
+    "evict_mamba": {"num": COUNT},
+    "cow_match": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY, "own_slot": FLAG},
+    "req_slots": {"count": COUNT},
 }
 
 

@@ -1,21 +1,23 @@
-"""`OperationChooser`: what a scheduler could do next, chosen with a scenario's weights.
+"""`OperationChooser`: what could happen next, chosen with a scenario's weights.
 
-Given the driver's state it lists the applicable operations, picks one from the scenario's
-weighted mix and picks its arguments, all through a `Draws` (Hypothesis or seeded random), and
-keeps the corpus of sequences that later requests reuse prefixes of.
+Given the driver's state it lists the operations its protocol offers and that fit now, picks one
+from the scenario's weighted mix and picks its arguments, all through a `Draws` (Hypothesis or
+seeded random), and keeps the corpus of sequences that later prompts reuse prefixes of (earlier
+prompts, and conversations so far: a prompt extended by its answer).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from harness.driver import PairedScheduler
+from harness.driver import Driver
 from strategies import Scenario
 from strategies.draws import Draws
 from strategies.scenarios import weighted_operations
 
 CORPUS_LIMIT = 24
-WAITING_LIMIT = 3  # a scheduler admits or drops requests; an ever-growing queue only exhausts pools
+LIVE_LIMIT = 6  # requests in the scheduler at once: a longer queue only exhausts the pools
+AVOID_REDRAWS = 8
 
 
 class OperationChooser:
@@ -25,31 +27,27 @@ class OperationChooser:
         self.scenario = scenario
         self.corpus: List[tuple] = []
         self._weighted: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+        # what the forward pass samples: a prompt token, or now and then the eos token
+        self._samples = tuple(range(scenario.vocab)) * scenario.eos_odds + (scenario.eos,)
 
-    def _in_phase(self, driver: PairedScheduler, phase: str) -> List[int]:
-        return sorted(rid for rid, live in driver.requests.items() if live.phase == phase)
-
-    def _decodable(self, driver: PairedScheduler) -> List[int]:
-        limit = driver.config.max_context_len - 1
-        return [rid for rid in self._in_phase(driver, "decode") if driver.requests[rid].kv_len < limit]
-
-    def applicable(self, driver: PairedScheduler) -> List[str]:
-        ops = ["evict", "evict_mamba", "insert", "match", "lock", "unlock_unlocked"]
-        phases = [live.phase for live in driver.requests.values()]
-        waiting = phases.count("waiting")
-        if waiting < WAITING_LIMIT:
-            ops.append("start_request")
-        if waiting:
-            ops += ["admit", "rematch", "abort"]
-        if "prefill" in phases:
-            ops.append("prefill_chunk")
-        if "decode" in phases:
-            if self._decodable(driver):
-                ops.append("decode")
-            ops.append("finish")
-        if driver.pins:
+    def applicable(self, driver: Driver) -> List[str]:
+        protocol = driver.protocol
+        offered = set(protocol.operations)
+        live = protocol.live_requests()
+        pins = getattr(protocol, "pins", ())
+        ops = ["iterate", "flush"]
+        # a direct user's locks and a serving scheduler starve each other: locks are taken only
+        # while no request is in the scheduler, and requests arrive only once they are released
+        if len(live) < LIVE_LIMIT and not pins:
+            ops.append("arrive")
+        if live:
+            ops.append("abort")
+        ops += [op for op in ("insert", "match", "unlock_unlocked", "evict", "evict_mamba", "cow_match", "req_slots") if op in offered]
+        if "lock" in offered and not live:
+            ops.append("lock")
+        if "unlock" in offered and pins:
             ops.append("unlock")
-        if driver.adapter.refuses_detached_nodes and driver.evicted_nodes():
+        if "lock_evicted" in offered and driver.cut.refuses_detached_nodes and protocol.evicted_nodes():
             ops.append("lock_evicted")
         return ops
 
@@ -59,13 +57,22 @@ class OperationChooser:
             self.corpus.append(tokens)
             del self.corpus[:-CORPUS_LIMIT]
 
-    def next(self, driver: PairedScheduler, draws: Draws) -> Tuple[str, Dict[str, Any]]:
-        """The next operation and its arguments."""
+    def next(self, driver: Driver, draws: Draws) -> Tuple[str, Dict[str, Any]]:
+        """The next operation and its arguments: one a known finding set aside avoids is drawn
+        again (a few times, then a turn of the event loop instead)."""
+        for _ in range(AVOID_REDRAWS):
+            op, args = self._draw(driver, draws)
+            if not driver.set_aside.avoids(op, args, driver):
+                return op, args
+        return "iterate", {"tokens": [], "transferred": 0}
+
+    def _draw(self, driver: Driver, draws: Draws) -> Tuple[str, Dict[str, Any]]:
         s = self.scenario
         applicable = tuple(self.applicable(driver))
         if applicable not in self._weighted:
             self._weighted[applicable] = weighted_operations(s.mix, applicable)
         op = draws.pick(self._weighted[applicable], "operation")
+        live = driver.protocol.live_requests()
 
         def tokens(min_len: int = 1) -> list:
             return list(draws.tokens(self.corpus, s, min_len, "tokens"))
@@ -73,41 +80,35 @@ class OperationChooser:
         def extra_key():
             return s.extra_keys[0] if len(s.extra_keys) == 1 else draws.pick(s.extra_keys, "extra_key")
 
-        def request(phase_rids: List[int]) -> int:
-            return draws.pick(tuple(phase_rids), "request")
-
-        if op == "start_request":
-            args = {"tokens": tokens(), "extra_key": extra_key(), "cow": draws.pick((True, True, True, False), "cow_mamba")}
+        if op == "arrive":
+            for req in live:
+                self.remember(req.tokens())  # the conversation so far, for a next turn to extend
+            args = {"tokens": tokens(), "extra_key": extra_key(), "max_new_tokens": draws.integer(1, s.max_new, "max_new_tokens")}
             self.remember(args["tokens"])
-        elif op in ("admit", "prefill_chunk"):
-            rid = request(self._in_phase(driver, "waiting" if op == "admit" else "prefill"))
-            args = {
-                "rid": rid,
-                "chunk": draws.integer(1, s.max_chunk, "chunk"),
-                "first_output": draws.integer(0, s.vocab - 1, "first_output"),
-            }
-        elif op in ("rematch", "abort"):
-            args = {"rid": request(self._in_phase(driver, "waiting"))}
-        elif op == "decode":
-            args = {"rid": request(self._decodable(driver)), "token": draws.integer(0, s.vocab - 1, "token")}
-        elif op == "finish":
-            rid = request(self._in_phase(driver, "decode"))
-            live = driver.requests[rid]
-            self.remember(live.model_req.origin + tuple(live.model_req.output))
-            args = {"rid": rid}
+        elif op == "iterate":
+            inflight = len(getattr(driver.protocol, "inflight", ()))
+            sampled = [draws.pick(self._samples, "sampled token") for _ in live]
+            args = {"tokens": sampled, "transferred": draws.integer(0, inflight, "transfers done") if inflight else 0}
+        elif op == "abort":
+            args = {"rid": draws.pick(tuple(r.rid for r in live), "request")}
+        elif op == "flush":
+            args = {}
+        elif op in ("insert", "lock", "unlock_unlocked"):
+            args = {"tokens": tokens(), "extra_key": extra_key()}
+            if op == "insert":
+                self.remember(args["tokens"])
+        elif op == "match":
+            args = {"tokens": tokens(min_len=0), "extra_key": extra_key()}
         elif op == "evict":
             args = {"num_tokens": draws.integer(0, 2 * s.max_len, "num_tokens")}
         elif op == "evict_mamba":
             args = {"num": draws.integer(0, 3, "num")}
-        elif op == "insert":
-            args = {"tokens": tokens(), "extra_key": extra_key()}
-            self.remember(args["tokens"])
-        elif op == "match":
-            args = {"tokens": tokens(min_len=0), "extra_key": extra_key()}
-        elif op in ("lock", "unlock_unlocked"):
-            args = {"tokens": tokens(), "extra_key": extra_key()}
+        elif op == "cow_match":
+            args = {"tokens": tokens(), "extra_key": extra_key(), "own_slot": draws.flag("own slot")}
+        elif op == "req_slots":
+            args = {"count": draws.integer(1, driver.config.req_size + 1, "requests")}
         elif op == "lock_evicted":
-            args = {"index": draws.integer(0, len(driver.evicted_nodes()) - 1, "evicted node")}
+            args = {"index": draws.integer(0, len(driver.protocol.evicted_nodes()) - 1, "evicted node")}
         else:
-            args = {"index": draws.integer(0, len(driver.pins) - 1, "pin")}
+            args = {"index": draws.integer(0, len(driver.protocol.pins) - 1, "pin")}
         return op, args

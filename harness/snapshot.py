@@ -1,12 +1,15 @@
 """`Snapshot`: everything the checks need from a cache under test, read straight off its state.
 
-Adapters build snapshots from the implementation's own nodes, lists, counters and pools; the
-checks never call the implementation's `sanity_check`.
+Caches under test build snapshots from their own nodes, lists, counters and pools; the checks
+never call the cache's `sanity_check`.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Hashable, List, NamedTuple, Optional, Tuple
+
+import torch
 
 Path = Tuple[Hashable, Tuple[int, ...]]
 
@@ -21,9 +24,19 @@ class NodeView(NamedTuple):
     children: int
 
 
+class TensorView(NamedTuple):
+    """One index tensor the tree stores: whose it is, its type and the storage behind it."""
+
+    path: Path
+    field: str  # "KV slots" or "Mamba slot"
+    dtype: torch.dtype
+    device: torch.device
+    storage: int  # the address of its storage, to tell tensors that share memory
+
+
 class Snapshot(NamedTuple):
     nodes: Dict[Path, NodeView]
-    full_lru: List[Path]  # most recent first, as the implementation's list links say
+    full_lru: List[Path]  # most recent first, as the cache's list links say
     mamba_lru: List[Path]
     full_links_ok: bool
     mamba_links_ok: bool
@@ -32,3 +45,5 @@ class Snapshot(NamedTuple):
     kv_free: List[int]
     mamba_free: List[int]
     req_free: List[int]
+    node_refs: Dict[int, "weakref.ref"]  # a weak reference to every node in the tree, by id()
+    tensors: List[TensorView]

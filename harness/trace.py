@@ -1,9 +1,9 @@
 """Trace files: a failing (or interesting) run as a replayable, versioned JSON document.
 
-A trace holds the configuration, the operations in the harness's vocabulary
-(`harness.operations`), the failure they produced and, for a bug recorded before it is fixed,
-a `known_failure` reason. `replay` runs one against any adapter with every invariant checked
-after every step. The format is documented in the README ("Trace files").
+A trace holds the pools and server settings, the scheduler protocol, the operations in the
+harness's vocabulary (`harness.operations`), the failure they produced and, for a bug recorded
+before it is fixed, a `known_failure` reason. `replay` runs one against any cache with every
+check after every step. The format is documented in the README ("Trace files").
 """
 
 from __future__ import annotations
@@ -14,15 +14,21 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
-from harness.adapters import ImplAdapter
-from harness.config import CacheConfig
-from harness.driver import Divergence, PairedScheduler
-from harness.invariants import InvariantViolation
+from harness.caches import CacheFactory, ImplCache, cache_name, cache_release
+from harness.checks import InvariantViolation
+from harness.driver import Driver, paused_gc
+from harness.findings import KNOWN_FINDINGS, SetAside
 from harness.operations import OperationError, check_arguments
+from harness.pairing import Divergence, ReleaseRaised
+from harness.protocols import PROTOCOLS
+from strategies.config import CacheConfig, SchedulerConfig
 
 SCHEMA = "mamba-radix-cache-trace"
-VERSION = 1
-_TOP_FIELDS = {"schema", "version", "config", "impl", "impl_version", "scenario", "operations", "failure", "known_failure"}
+VERSION = 2
+_TOP_FIELDS = {
+    "schema", "version", "config", "scheduler", "protocol", "set_aside", "impl", "impl_version", "scenario",
+    "operations", "failure", "known_failure",
+}
 
 
 class TraceError(ValueError):
@@ -47,6 +53,9 @@ class Failure:
 class Trace:
     config: CacheConfig
     operations: List[Dict[str, Any]]
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    protocol: str = "contract"
+    set_aside: List[str] = field(default_factory=list)  # known findings the checks passed over
     impl: str = "impl"
     impl_version: str = ""
     scenario: Optional[str] = None
@@ -59,6 +68,9 @@ class Trace:
             "schema": SCHEMA,
             "version": VERSION,
             "config": asdict(self.config),
+            "scheduler": asdict(self.scheduler),
+            "protocol": self.protocol,
+            "set_aside": self.set_aside,
             "impl": self.impl,
             "impl_version": self.impl_version,
             "scenario": self.scenario,
@@ -76,17 +88,29 @@ class Trace:
 
 
 def classify(exc: BaseException) -> str:
-    """The check a failure belongs to: an invariant's name, `model_agreement`, or the error type."""
+    """The check a failure belongs to: an invariant's name, `model_agreement`, the exception type
+    the release's scheduler raises, or the error type the cache raised."""
     if isinstance(exc, InvariantViolation):
         return exc.check
     if isinstance(exc, Divergence):
         return "model_agreement"
+    if isinstance(exc, ReleaseRaised):
+        return exc.kind
     return type(exc).__name__
 
 
 def _require(source: str, cond: bool, message: str, step: Optional[int] = None, field_name: Optional[str] = None):
     if not cond:
         raise TraceError(source, message, step, field_name)
+
+
+def _dataclass_field(source: str, doc: dict, name: str, cls: type):
+    value = doc.get(name)
+    _require(source, isinstance(value, dict), f"expected an object, got {value!r}", field_name=name)
+    try:
+        return cls(**value)
+    except (TypeError, ValueError) as exc:
+        raise TraceError(source, str(exc), field_name=name) from None
 
 
 def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
@@ -96,14 +120,25 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
     version = doc.get("version")
     _require(source, isinstance(version, int) and not isinstance(version, bool), f"expected an int, got {version!r}", field_name="version")
     _require(source, version <= VERSION, f"version {version} is newer than this harness reads ({VERSION}); upgrade the harness", field_name="version")
+    _require(
+        source,
+        version == VERSION,
+        f"version {version} traces hold direct cache calls from before the scheduler protocols; record the failure again",
+        field_name="version",
+    )
     unknown = sorted(set(doc) - _TOP_FIELDS)
     _require(source, not unknown, "unknown field", field_name=unknown[0] if unknown else None)
-    config = doc.get("config")
-    _require(source, isinstance(config, dict), f"expected an object, got {config!r}", field_name="config")
-    try:
-        cache_config = CacheConfig(**config)
-    except (TypeError, ValueError) as exc:
-        raise TraceError(source, str(exc), field_name="config") from None
+    cache_config = _dataclass_field(source, doc, "config", CacheConfig)
+    scheduler = _dataclass_field(source, doc, "scheduler", SchedulerConfig)
+    protocol = doc.get("protocol")
+    _require(source, protocol in PROTOCOLS, f"expected one of {sorted(PROTOCOLS)}, got {protocol!r}", field_name="protocol")
+    aside = doc.get("set_aside", [])
+    _require(
+        source,
+        isinstance(aside, list) and all(name in KNOWN_FINDINGS for name in aside),
+        f"expected a list of known findings {sorted(KNOWN_FINDINGS)}, got {aside!r}",
+        field_name="set_aside",
+    )
     operations = doc.get("operations")
     _require(source, isinstance(operations, list), f"expected a list, got {operations!r}", field_name="operations")
     for step, entry in enumerate(operations):
@@ -123,6 +158,9 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
     return Trace(
         config=cache_config,
         operations=operations,
+        scheduler=scheduler,
+        protocol=protocol,
+        set_aside=aside,
         impl=doc.get("impl", "impl"),
         impl_version=doc.get("impl_version", ""),
         scenario=doc.get("scenario"),
@@ -165,13 +203,16 @@ class Verdict:
         return self.failure is None
 
 
-def failure_trace(driver: PairedScheduler, exc: BaseException, scenario: Optional[str] = None) -> Trace:
+def failure_trace(driver: Driver, exc: BaseException, scenario: Optional[str] = None) -> Trace:
     """The trace of everything `driver` ran, ending in the failure `exc`."""
     return Trace(
         config=driver.config,
         operations=list(driver.operations),
-        impl=getattr(driver.adapter, "name", "impl"),
-        impl_version=driver.adapter.version(),
+        scheduler=driver.scheduler,
+        protocol=driver.protocol_name,
+        set_aside=driver.set_aside.names(),
+        impl=driver.cut.name,
+        impl_version=driver.cut.release,
         scenario=scenario,
         failure=Failure(classify(exc), str(exc), len(driver.operations) - 1),
     )
@@ -202,30 +243,47 @@ def judge(trace: Trace, verdict: Verdict, impl: Optional[str] = None, version: O
     return None
 
 
+def replay_protocol(trace: Trace, cache_factory: CacheFactory, protocol: Optional[str] = None) -> str:
+    """The protocol a replay runs: the one given, else the trace's on the cache and release that
+    recorded it, else the cache's own (a trace from SGLang 0.5.4's scheduler replays on `impl`,
+    or on another release, under that cache's own scheduler, which makes the same calls without
+    0.5.4's scheduler's mistakes)."""
+    if protocol is not None:
+        return protocol
+    cls = getattr(cache_factory, "func", cache_factory)
+    recorder = (trace.impl, trace.impl_version)
+    return trace.protocol if (cache_name(cache_factory), cache_release(cache_factory)) == recorder else cls.default_protocol
+
+
 def replay(
     trace: Trace,
-    adapter_factory: Callable[[CacheConfig], Any] = ImplAdapter,
+    cache_factory: CacheFactory = ImplCache,
     device: Optional[str] = None,
-    on_step: Optional[Callable[[int, Dict[str, Any], PairedScheduler], None]] = None,
+    protocol: Optional[str] = None,
+    on_step: Optional[Callable[[int, Dict[str, Any], Driver], None]] = None,
     source: str = "<trace>",
+    set_aside: Optional[SetAside] = None,
 ) -> Verdict:
-    """Run every operation with every invariant checked after it; stop at the first failure.
+    """Run every operation with every check after it; stop at the first failure. The known
+    findings the trace set aside are set aside again, unless `set_aside` says otherwise.
 
     An operation that does not fit the state (a request id that is not live, say) is a bad
-    trace, reported as `TraceError` naming the step, not as a failure of the implementation.
+    trace, reported as `TraceError` naming the step, not as a failure of the cache.
     """
     config = trace.config if device is None else replace(trace.config, device=device)
-    driver = PairedScheduler(config, adapter_factory)
     step = -1
-    try:
-        driver.check()
-        for step, entry in enumerate(trace.operations):
-            driver.apply(entry["op"], **entry["args"])
+    with paused_gc():
+        try:
+            aside = SetAside(KNOWN_FINDINGS[name] for name in trace.set_aside) if set_aside is None else set_aside
+            driver = Driver(config, trace.scheduler, cache_factory, replay_protocol(trace, cache_factory, protocol), set_aside=aside)
             driver.check()
-            if on_step is not None:
-                on_step(step, entry, driver)
-    except OperationError as exc:
-        raise TraceError(source, exc.detail, step, exc.field) from None
-    except Exception as exc:
-        return Verdict(step + 1, Failure(classify(exc), str(exc), step), exc)
+            for step, entry in enumerate(trace.operations):
+                driver.apply(entry["op"], **entry["args"])
+                driver.check()
+                if on_step is not None:
+                    on_step(step, entry, driver)
+        except OperationError as exc:
+            raise TraceError(source, exc.detail, step, exc.field) from None
+        except Exception as exc:
+            return Verdict(step + 1, Failure(classify(exc), str(exc), step), exc)
     return Verdict(len(trace.operations))

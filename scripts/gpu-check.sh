@@ -36,7 +36,7 @@ step tests 100 python -m pytest -q -p no:cacheprovider -n "${WORKERS:-16}" --dev
     tests/test_cache_scenarios.py tests/test_traces.py tests/test_scheduler_demo.py tests/test_harness_bites.py \
     tests/test_device_placement.py
 step workload 100 python -m bench.workload --device "$device" --repeats 3 --json "$out/workload.json"
-step mutants 80 python -m harness mutants --device "$device" --workers "${WORKERS:-16}" --json "$out/mutants.json"
+step mutants 80 python -m bench.mutants --device "$device" --workers "${WORKERS:-16}" --json "$out/mutants.json"
 step throughput 50 python -m bench.throughput --device "$device" --seconds 3 --json "$out/throughput.json"
 step engines 30 python -m bench.engines --device "$device" --rounds 2 --seconds 4 --json "$out/engines.json"
 step fuzz 50 python -m harness fuzz --device "$device" --seconds 20 --workers 8 --db "$(mktemp -d)" \

@@ -60,10 +60,10 @@ class WrongLRURefreshOrder(MambaRadixCache):
 class KVSlotFreedTwice(MambaRadixCache):
     """Finishing a request also frees the last KV slot of the prefix it shares with the tree."""
 
-    def cache_finished_req(self, req):
+    def cache_finished_req(self, req, is_insert=True):
         if len(req.prefix_indices):
             self.token_to_kv_pool_allocator.free(req.prefix_indices[-1:])
-        super().cache_finished_req(req)
+        super().cache_finished_req(req, is_insert)
 
 
 BROKEN = {

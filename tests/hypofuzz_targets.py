@@ -4,7 +4,7 @@ Not collected by the default `pytest -n auto` run (the file name does not match 
 tests/test_state_machine.py already runs the same machines; pytest runs it when named.
 """
 
-from harness.machine import machine_for
+from harness.engines.hypothesis_engine import machine_for
 from strategies import SCENARIOS
 
 for _name, _scenario in SCENARIOS.items():

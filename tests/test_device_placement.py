@@ -10,7 +10,6 @@ for what this cannot show: the kernels themselves and the host/device synchronis
 """
 
 import functools
-import io
 import random
 
 import pytest
@@ -18,8 +17,8 @@ import torch
 
 import impl
 from bench import engines, throughput, workload
-from harness.adapters import ImplAdapter
-from harness.fuzz import FuzzOptions, Stats, random_program
+from harness.caches import ImplCache
+from harness.engines.random_engine import ProgramFailed, random_program
 from strategies import SCENARIOS
 from test_regressions import TRACES, replay_problem, trace_id
 from test_scheduler_demo import load_demo
@@ -32,25 +31,23 @@ def no_default_device():
     return torch.device("meta")
 
 
-def run_random_programs(adapter_factory, device, config, trace_dir) -> Stats:
-    options = FuzzOptions(device=str(device), configs=[config], trace_dir=str(trace_dir))
-    stats, rng = Stats(), random.Random(20261205)
+def run_random_programs(cache_factory, device, config, trace_dir) -> None:
+    """Seeded random programs of one configuration; `ProgramFailed` at the first failure."""
+    rng = random.Random(20261205)
     with no_default_device():
         for _ in range(PROGRAMS):
-            random_program(options, adapter_factory, config, rng, STEPS, stats, io.StringIO())
-    return stats
+            random_program(SCENARIOS[config], cache_factory, rng, STEPS, str(device), str(trace_dir))
 
 
 @pytest.mark.parametrize("config", sorted(SCENARIOS))
 def test_random_programs_make_every_tensor_on_the_pools_device(config, device, tmp_path):
-    stats = run_random_programs(ImplAdapter, device, config, tmp_path)
-    if stats.failures:
-        failure = stats.failures[0]
+    try:
+        run_random_programs(ImplCache, device, config, tmp_path)
+    except ProgramFailed as failed:
         pytest.fail(
             f"a program failed with torch's default device set to meta, so most likely a tensor was "
-            f"made without naming its device: [{failure['check']}] {failure['message']}\nits shrunk program: {failure['trace']}"
+            f"made without naming its device: [{failed.check}] {failed.message}\nits shrunk program: {failed.path}"
         )
-    assert stats.steps == PROGRAMS * STEPS
 
 
 class EmptyMatchOnTheHost(impl.MambaRadixCache):
@@ -61,15 +58,14 @@ class EmptyMatchOnTheHost(impl.MambaRadixCache):
 
 
 def test_a_tensor_made_without_its_device_fails_the_programs(device, tmp_path):
-    stats = run_random_programs(functools.partial(ImplAdapter, cache_class=EmptyMatchOnTheHost), device, "tiny", tmp_path)
-    assert stats.failures, "a cache making tensors on the default device went unnoticed"
-    assert "meta" in stats.failures[0]["message"]
+    with pytest.raises(ProgramFailed, match="meta"):
+        run_random_programs(functools.partial(ImplCache, cache_class=EmptyMatchOnTheHost), device, "tiny", tmp_path)
 
 
 @pytest.mark.parametrize("path", TRACES, ids=trace_id)
 def test_regression_traces_replay_without_the_default_device(path, device):
     with no_default_device():
-        problem = replay_problem(path, ImplAdapter, device)
+        problem = replay_problem(path, ImplCache, device)
     if problem:
         pytest.fail(f"{path} {problem}")
 

@@ -13,7 +13,7 @@ import functools
 import pytest
 
 from broken_impls import SplitOffByOne
-from harness.adapters import ImplAdapter
+from harness.caches import ImplCache
 from harness.trace import load_trace
 from harness.trace import replay as replay_trace
 
@@ -58,7 +58,7 @@ def test_a_planted_bug_exits_1_with_a_trace_that_replays_to_the_same_failure(eng
     again = replay(failure["trace"], "--impl", "broken_impls:SplitOffByOne")
     assert again.returncode == 1 and "FAILED at step" in again.stdout
     trace = load_trace(failure["trace"])
-    verdict = replay_trace(trace, functools.partial(ImplAdapter, cache_class=SplitOffByOne))
+    verdict = replay_trace(trace, functools.partial(ImplCache, cache_class=SplitOffByOne))
     assert verdict.failure.check == trace.failure.check
     assert replay(failure["trace"]).returncode == 0
 

@@ -7,31 +7,30 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from broken_impls import BROKEN
-from harness.adapters import ImplAdapter
-from harness.machine import machine_for
+from harness.caches import ImplCache
+from harness.driver import Driver, paused_gc
+from harness.engines.hypothesis_engine import machine_for
 from strategies import SCENARIOS
+from strategies.config import CacheConfig
 
 
 @pytest.mark.parametrize("bug", sorted(BROKEN))
 def test_planted_bug_is_caught_with_a_printed_program(bug, device, tmp_path):
-    adapter = functools.partial(ImplAdapter, cache_class=BROKEN[bug])
-    machine = machine_for(SCENARIOS["medium"], adapter_factory=adapter, device=str(device), trace_dir=str(tmp_path))
+    cache = functools.partial(ImplCache, cache_class=BROKEN[bug])
+    machine = machine_for(SCENARIOS["medium"], cache, device=str(device), trace_dir=str(tmp_path))
     budget = settings(settings(), max_examples=max(settings().max_examples, 200), report_multiple_bugs=False)
     with pytest.raises(Exception) as caught:
         run_state_machine_as_test(machine, settings=budget)
     program = "\n".join(getattr(caught.value, "__notes__", []))
     assert "state = " in program and "state.step(" in program, program
-    assert "Draw 1 (config)" in program, program
+    assert "Draw 1 (config)" in program and "(scheduler)" in program, program
     assert len(list(tmp_path.glob("*.json"))) == 1, "the shrunk failure was not saved as a trace"
 
 
 def _three_node_driver(device):
-    from harness.config import CacheConfig
-    from harness.driver import PairedScheduler
-
-    driver = PairedScheduler(CacheConfig(kv_size=32, mamba_size=8, req_size=2, max_context_len=32, device=str(device)))
+    driver = Driver(CacheConfig(kv_size=32, mamba_size=8, req_size=2, max_context_len=32, device=str(device)))
     for tokens in ([1, 2, 3], [1, 2, 4], [5]):
-        driver.insert(tokens)
+        driver.apply("insert", tokens=tokens, extra_key=None)
     driver.check()
     return driver
 
@@ -52,13 +51,14 @@ def _miscount(lru):
 
 @pytest.mark.parametrize("corrupt", [_break_back_link, _break_tick_order, _miscount])
 def test_lru_links_are_walked_by_the_harness_not_asked_of_the_list(corrupt, device, monkeypatch):
-    from harness.invariants import InvariantViolation
+    from harness.checks import InvariantViolation
     from impl.lru_list import LRUList
 
-    driver = _three_node_driver(device)
-    monkeypatch.setattr(LRUList, "links_consistent", lambda self: True)  # a list that vouches for itself
-    corrupt(driver.adapter.cache.full_lru_list)
-    with pytest.raises(InvariantViolation) as caught:
-        driver.check()
+    with paused_gc():
+        driver = _three_node_driver(device)
+        monkeypatch.setattr(LRUList, "links_consistent", lambda self: True)  # a list that vouches for itself
+        corrupt(driver.cut.cache.full_lru_list)
+        with pytest.raises(InvariantViolation) as caught:
+            driver.check()
     assert caught.value.check == "lru_lists"
     assert "full LRU list prev/next links or tick order are inconsistent" in str(caught.value)

@@ -1,5 +1,5 @@
 """The seeded-bug catalogue: every mutant still applies to `impl/`, patches are undone, and the
-harness catches every one under the `ci` profile (the promise of `python -m harness mutants`).
+harness catches every one under the `ci` profile (the promise of `python -m bench.mutants`).
 
 A mutant that stops being caught fails here: a check was weakened, or the driver stopped
 reaching the code the bug lives in.
@@ -10,13 +10,14 @@ import io
 import pytest
 
 from bench.mutants import BY_NAME, MUTANTS, Mutant, MutantError, applied
+from bench.mutants.__main__ import main
 from bench.mutants.hunt import HUNT_ORDER, hunt
-from harness.cli import main
 from impl import MambaRadixCache
 
 AREAS = {
     "lock accounting", "LRU refresh order", "node split", "tombstone cascade", "evict loop",
     "evict_mamba internal", "cow_mamba", "chunked prefill", "size counters", "pools",
+    "meaning", "memory", "ownership",
 }
 
 
@@ -74,9 +75,31 @@ def test_seeded_bug_is_caught_under_the_ci_profile(name):
     assert result.trace_operations is not None and result.config in HUNT_ORDER
 
 
+# each check added to judge data, memory and ownership, with the seeded bug only it catches and
+# the check that reports it (overwriting what the cache was handed makes a kept tensor visible to
+# the structure checks)
+CAUGHT_ALONE = {
+    "fork-of-the-cached-prefix": ("meaning", "meaning"),
+    "reset-keeps-tree-linked": ("node_reclaimed", "node_reclaimed"),
+    "finished-mamba-slot-int32": ("index_types", "index_types"),
+    "fork-views-free-list": ("own_storage", "own_storage"),
+    "insert-keeps-callers-tensors": ("handed_tensors", "trees_equal"),
+}
+
+
+@pytest.mark.parametrize("name, check, reported", sorted((n, *c) for n, c in CAUGHT_ALONE.items()))
+def test_each_new_check_alone_catches_its_seeded_bug(name, check, reported):
+    from harness.driver import CHECKS
+
+    caught = hunt(name, engine="random", profile="ci", device="cpu")
+    assert caught.caught and caught.check == reported, caught
+    without = hunt(name, engine="random", profile="ci", device="cpu", checks=CHECKS - {check})
+    assert not without.caught, f"{name} is caught without {check} too, by {without.check}"
+
+
 def test_mutants_command_prints_the_row_and_exits_zero_when_caught():
     out = io.StringIO()
-    assert main(["mutants", "--only", "evict-one-short", "--workers", "1", "--device", "cpu"], out=out) == 0
+    assert main(["--only", "evict-one-short", "--workers", "1", "--device", "cpu"], out=out) == 0
     text = out.getvalue()
     assert "| `evict-one-short` | evict loop | yes |" in text
     assert "1/1 seeded bugs caught (hypothesis engine, ci profile, cpu)" in text
@@ -85,12 +108,14 @@ def test_mutants_command_prints_the_row_and_exits_zero_when_caught():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["mutants", "--only", "no-such-bug"], "unknown mutant(s) ['no-such-bug']"),
-        (["mutants", "--profile", "weekly"], "--profile must be one of"),
-        (["mutants", "--workers", "0"], "--workers must be at least 1, got 0"),
-        (["mutants", "--device", "gpu0"], "not a torch device: 'gpu0'"),
+        (["--only", "no-such-bug"], "unknown mutant(s) ['no-such-bug']"),
+        (["--profile", "weekly"], "invalid choice: 'weekly'"),
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
+        (["--device", "gpu0"], "not a torch device: 'gpu0'"),
     ],
 )
 def test_mutants_command_refuses_bad_arguments(argv, message, capsys):
-    assert main(argv, out=io.StringIO()) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(argv, out=io.StringIO())
+    assert exited.value.code == 2
     assert message in capsys.readouterr().err

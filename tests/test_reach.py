@@ -1,28 +1,57 @@
 """The state machine reaches every hard path within a fixed budget.
 
-Runs the tiny, chunked and lock-heavy configurations for a fixed number of programs and fails
-naming every reach label (`harness.machine.REACH_LABELS`) that never occurred.
+Runs several configurations for a fixed number of programs and fails naming every reach label
+(`harness.engines.hypothesis_engine.REACH_LABELS`) that never occurred. The contract scheduler
+drives `impl`; the paths only SGLang 0.5.4's scheduler takes (a waiting request that keeps its
+copy-on-write slot, then is re-matched or aborted) are reached by driving `impl` with that
+release's calls, which `impl` must accept.
 """
 
+import random
 from collections import Counter
 
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from harness.machine import REACH_LABELS, machine_for
+from harness.caches import ImplCache
+from harness.engines.hypothesis_engine import RELEASE_0_5_4_LABELS, REACH_LABELS, machine_for
+from harness.engines.random_engine import ProgramFailed, random_program
 from strategies import SCENARIOS
 
-BUDGET = settings(settings(), max_examples=60, stateful_step_count=50)
+# derandomized: the same programs on every run, here as in CI
+BUDGET = settings(settings(), max_examples=60, stateful_step_count=50, database=None, derandomize=True)
+PROGRAMS = 60  # per configuration, for the random programs
 
 
-def test_every_reach_label_occurs_within_the_budget(device):
+def reached(names, trace_dir) -> Counter:
+    """Labels seen running the configurations `names` under the contract."""
     seen = Counter()
-
-    def record(label: str) -> None:
-        seen[label] += 1
-
-    for name in ("tiny", "chunked", "lock_heavy", "medium"):
-        machine = machine_for(SCENARIOS[name], device=str(device), event_sink=record)
+    for name in names:
+        machine = machine_for(SCENARIOS[name], event_sink=lambda label: seen.update([label]), trace_dir=str(trace_dir))
         run_state_machine_as_test(machine, settings=BUDGET)
+    return seen
+
+
+def test_every_reach_label_occurs_within_the_budget(tmp_path):
+    seen = reached(("tiny", "chunked", "lock_heavy", "medium", "decode_pressure", "disagg_prefill"), tmp_path)
     missing = [label for label in REACH_LABELS if seen[label] == 0]
+    assert not missing, f"never reached: {missing}; seen: {dict(seen)}"
+
+
+def test_impl_takes_every_call_of_sglang_0_5_4s_scheduler(tmp_path):
+    """Under 0.5.4's own scheduler `impl` reaches the paths only that scheduler takes. A program
+    may end in one of that scheduler's known findings (a leak, its idle check, a misuse `impl`
+    refuses as 0.5.4's own cache does), never in `impl` refusing a call's arguments (TypeError).
+    Seeded random programs, each failure left unshrunk: every program runs, whatever the one
+    before it ended in."""
+    seen = Counter()
+    rng = random.Random(54)
+    for name in ("tiny", "medium", "chunked"):
+        for _ in range(PROGRAMS):
+            try:
+                random_program(SCENARIOS[name], ImplCache, rng, BUDGET.stateful_step_count, "cpu", str(tmp_path),
+                               lambda label: seen.update([label]), protocol="sglang-0.5.4", shrink=False)
+            except ProgramFailed as failed:
+                assert failed.check != "TypeError", failed
+    missing = [label for label in RELEASE_0_5_4_LABELS if seen[label] == 0]
     assert not missing, f"never reached: {missing}; seen: {dict(seen)}"

@@ -1,10 +1,12 @@
 """Every trace file under tests/regressions/ is one test: replayed against the cache under test
 (`--cache-impl`, default impl), every check on.
 
-A trace with `known_failure` set records a bug before it is fixed, in the implementation and
-version it names: replayed there it must still fail with the check it recorded, and turns into
-an error the day it passes, so the fixed bug gets promoted (clear `known_failure`); replayed on
-any other cache it must pass. Traces under `pending/` are fresh captures from failing runs.
+A trace with `known_failure` set records a finding before it is fixed, in the cache and release
+it names: replayed there it must still fail with the check it recorded, and turns into an error
+the day it passes, so the fixed bug gets promoted (clear `known_failure`). Replayed on any other
+cache it must pass: under that cache's own scheduler, with that release's own known findings set
+aside (a trace about one path must not fail on another release's known bug; each of those has a
+trace of its own). Traces under `pending/` are fresh captures from failing runs.
 """
 
 import glob
@@ -12,6 +14,8 @@ import os
 
 import pytest
 
+from harness.caches import cache_name, cache_release
+from harness.findings import KNOWN_FINDINGS, set_aside
 from harness.trace import judge, load_trace, replay
 
 HERE = os.path.dirname(__file__)
@@ -22,17 +26,19 @@ def trace_id(path: str) -> str:
     return os.path.relpath(path, os.path.join(HERE, "regressions"))
 
 
-def replay_problem(path: str, adapter_factory, device) -> str:
+def replay_problem(path: str, cache_factory, device) -> str:
     """What is wrong with replaying the trace at `path` on `device` (empty when nothing is)."""
     trace = load_trace(path)
-    verdict = replay(trace, adapter_factory, device=str(device), source=path)
-    adapter = adapter_factory(trace.config)
-    return judge(trace, verdict, impl=adapter.name, version=adapter.version())
+    name, release = cache_name(cache_factory), cache_release(cache_factory)
+    own = trace.impl == name and trace.impl_version == release
+    aside = None if own else set_aside(["all"], release)
+    verdict = replay(trace, cache_factory, device=str(device), source=path, set_aside=aside)
+    return judge(trace, verdict, impl=name, version=release)
 
 
 @pytest.mark.parametrize("path", TRACES, ids=trace_id)
-def test_trace_replays(path, adapter_factory, device):
-    problem = replay_problem(path, adapter_factory, device)
+def test_trace_replays(path, cache_under_test, device):
+    problem = replay_problem(path, cache_under_test, device)
     if problem:
         pytest.fail(f"{path} {problem}")
 
@@ -44,3 +50,13 @@ def test_the_hard_scenarios_are_recorded():
         "cow-with-full-mamba-pool.json",
         "chunked-prefill-across-a-split.json",
     } <= names
+
+
+def test_every_known_finding_has_a_trace_that_fails_with_its_check():
+    recorded = {}
+    for path in TRACES:
+        trace = load_trace(path)
+        if trace.known_failure:
+            recorded.setdefault(trace.known_failure.split(":")[0], trace.failure.check)
+    for name, finding in KNOWN_FINDINGS.items():
+        assert recorded.get(name) == finding.check, f"finding {name} has no known_failure trace failing with {finding.check}"

@@ -13,8 +13,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from broken_impls import SplitOffByOne
 from harness import cli
-from harness.adapters import ImplAdapter
-from harness.machine import machine_for
+from harness.caches import ImplCache
+from harness.engines.hypothesis_engine import machine_for
 from harness.trace import Failure, TraceError, Verdict, judge, load_trace, parse_trace, replay
 from strategies import SCENARIOS
 
@@ -25,8 +25,8 @@ GOOD = os.path.join(HERE, "regressions", "chunked-prefill-across-a-split.json")
 
 def find_bug(trace_dir):
     """Let the state machine find the planted split bug; return the trace files it wrote."""
-    adapter = functools.partial(ImplAdapter, cache_class=SplitOffByOne)
-    machine = machine_for(SCENARIOS["medium"], adapter_factory=adapter, trace_dir=str(trace_dir))
+    cache = functools.partial(ImplCache, cache_class=SplitOffByOne)
+    machine = machine_for(SCENARIOS["medium"], cache, trace_dir=str(trace_dir))
     budget = settings(settings(), max_examples=200, derandomize=True, database=None, report_multiple_bugs=False)
     with pytest.raises(Exception) as caught:
         run_state_machine_as_test(machine, settings=budget)
@@ -54,7 +54,7 @@ def test_a_found_bug_becomes_a_trace_that_replays_the_same_failure(found):
     broken = run_cli("replay", str(files[0]), "--impl", "broken_impls:SplitOffByOne")
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "FAILED at step" in broken.stdout
-    assert "implementation" in broken.stdout and "model" in broken.stdout
+    assert "cache" in broken.stdout and "model" in broken.stdout
 
     fixed = run_cli("replay", str(files[0]))
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
@@ -71,7 +71,7 @@ def test_the_same_seed_gives_the_same_trace_byte_for_byte(found, tmp_path):
 def test_replaying_a_trace_a_hundred_times_gives_one_verdict(found):
     files, _ = found
     trace = load_trace(str(files[0]))
-    broken = functools.partial(ImplAdapter, cache_class=SplitOffByOne)
+    broken = functools.partial(ImplCache, cache_class=SplitOffByOne)
     verdicts = {(v.ok, v.failure.step, v.failure.check) for v in (replay(trace, broken) for _ in range(100))}
     assert len(verdicts) == 1 and not next(iter(verdicts))[0]
 
@@ -80,7 +80,7 @@ def test_verbose_replay_prints_each_operation_and_the_tree():
     out = io.StringIO()
     assert cli.main(["replay", GOOD, "--verbose"], out=out) == 0
     text = out.getvalue()
-    assert "step 0: insert(extra_key=None, tokens=[1, 2, 3, 4])" in text
+    assert "step 0: arrive(" in text and "step 1: iterate(" in text
     assert "tombstone lock=" in text and "lru=" in text
 
 
@@ -106,9 +106,13 @@ def doc(**changes):
     [
         ([], r"expected a JSON object, got list"),
         (doc(schema="other"), r"field 'schema': expected 'mamba-radix-cache-trace'"),
-        (doc(version=99), r"field 'version': version 99 is newer than this harness reads \(1\)"),
+        (doc(version=99), r"field 'version': version 99 is newer than this harness reads \(2\)"),
+        (doc(version=1), r"field 'version': version 1 traces hold direct cache calls from before the scheduler protocols"),
         (doc(config={"kv_size": 0, "mamba_size": 2, "req_size": 1}), r"field 'config': CacheConfig.kv_size must be a positive int, got 0"),
-        (doc(operations=[{"op": "insert", "args": {"tokens": [1, "x"], "extra_key": None}}]), r"step 0: field 'args.tokens': expected a list of non-negative ints"),
+        (doc(scheduler={"schedule_policy": "lifo"}), r"field 'scheduler': SchedulerConfig.schedule_policy must be one of"),
+        (doc(protocol="sglang-9.9"), r"field 'protocol': expected one of \['contract', 'sglang-0.5.4'"),
+        (doc(set_aside=["no-such-finding"]), r"field 'set_aside': expected a list of known findings"),
+        (doc(operations=[{"op": "arrive", "args": {"tokens": [1, "x"], "extra_key": None, "max_new_tokens": 1}}]), r"step 0: field 'args.tokens': expected a list of non-negative ints"),
         (doc(operations=[{"op": "fly", "args": {}}]), r"step 0: field 'op': unknown operation 'fly'"),
         (doc(operations=[{"op": "evict", "args": {}}]), r"step 0: field 'args.num_tokens': evict needs argument 'num_tokens'"),
         (doc(operations=[{"op": "evict", "args": {"num_tokens": 1, "x": 2}}]), r"step 0: field 'args.x': evict takes no argument 'x'"),
@@ -123,8 +127,8 @@ def test_malformed_traces_get_one_clear_error(document, message):
 
 def test_a_trace_that_does_not_fit_the_state_names_the_step(tmp_path):
     path = tmp_path / "unfit.json"
-    path.write_text(json.dumps(doc(operations=[{"op": "finish", "args": {"rid": 3}}])))
-    with pytest.raises(TraceError, match=r"unfit.json: step 0: field 'args.rid': finish\(rid=3\): no live request 3"):
+    path.write_text(json.dumps(doc(operations=[{"op": "abort", "args": {"rid": 3}}])))
+    with pytest.raises(TraceError, match=r"unfit.json: step 0: field 'args.rid': abort\(rid=3\): no live request 3"):
         replay(load_trace(str(path)), source=str(path))
 
 

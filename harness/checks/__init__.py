@@ -1,0 +1,41 @@
+"""The checks run after every step, by kind, each named for what it promises.
+
+  structure   the tree, locks, LRU lists and size counters are the model's (`structure`)
+  memory      every pool slot has one owner; a node that left the tree is gone (`memory`)
+  meaning     each KV slot and Mamba state was computed from the prefix it stands for (`meaning`)
+  ownership   tree tensors are int64 on the pools' device, in memory of their own (`ownership`)
+
+The release's own self-checks (its idle-time leak check and `sanity_check`) are run by its
+scheduler protocol, where the release runs them. None of these calls the cache's `sanity_check`:
+every check reads the cache's own state and recomputes what it promises.
+"""
+
+from harness.checks.memory import NodeReclamation, RequestHoldings, pool_conservation
+from harness.checks.meaning import request_meaning, tree_meaning
+from harness.checks.ownership import index_types, own_storage
+from harness.checks.structure import (
+    STRUCTURAL_CHECKS,
+    lock_rules,
+    lru_lists,
+    no_tombstone_leaf,
+    sizes,
+    trees_equal,
+)
+from harness.checks.violation import InvariantViolation
+
+__all__ = [
+    "STRUCTURAL_CHECKS",
+    "InvariantViolation",
+    "NodeReclamation",
+    "RequestHoldings",
+    "index_types",
+    "lock_rules",
+    "lru_lists",
+    "no_tombstone_leaf",
+    "own_storage",
+    "pool_conservation",
+    "request_meaning",
+    "sizes",
+    "tree_meaning",
+    "trees_equal",
+]

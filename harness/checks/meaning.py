@@ -1,0 +1,66 @@
+"""Meaning of the data: what each KV slot and each Mamba state was computed from.
+
+The harness's forward pass writes into each KV slot the digest of the request's whole token
+prefix up to and including that position, and into a request's Mamba state the digest of every
+token it has processed (`harness.digest`). These checks hold whatever the model says: a tree
+node's KV slots hold the digests of its own path's prefixes and its Mamba state that of exactly
+its path; a live request's row and state those of its own tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+from harness import digest
+from harness.checks.memory import RequestHoldings
+from harness.checks.violation import fail, show_path
+from harness.snapshot import Snapshot
+
+Namer = Callable[[Optional[int]], str]
+
+
+def tree_meaning(snap: Snapshot, kv_data: List[int], states: List[Optional[int]], name: Namer) -> None:
+    """Each node's KV slots hold its path's prefix digests; each holder's state its path's."""
+    known: Dict = {}
+    for path in sorted(snap.nodes, key=lambda p: len(p[1])):
+        node = snap.nodes[path]
+        extra, tokens = path
+        start = len(tokens) - len(node.kv)
+        # parents come first (shorter paths), so the digest of what precedes the segment is known
+        values = digest.digests(extra, tokens[start:], None if node.parent is None else known[node.parent])
+        known[path] = values[-1]
+        for offset, (slot, value) in enumerate(zip(node.kv, values)):
+            if kv_data[slot] != value:
+                fail(
+                    "meaning",
+                    f"node {show_path(path)}: KV slot {slot} (position {start + offset}) holds {name(kv_data[slot])}, "
+                    f"not that of {list(tokens[: start + offset + 1])}",
+                )
+        if node.mamba is not None and states[node.mamba] != known[path]:
+            fail(
+                "meaning",
+                f"node {show_path(path)}: Mamba slot {node.mamba} holds {name(states[node.mamba])}, not that of its "
+                f"path {list(tokens)}: a request resuming here would continue from another prefix",
+            )
+
+
+def request_meaning(requests: List[RequestHoldings], kv_data: List[int], states: List[Optional[int]], name: Namer) -> None:
+    """Each live request's row holds its own prefix digests, and its state those of its
+    processed tokens."""
+    for r in requests:
+        values = digest.digests(r.extra_key, r.tokens[: len(r.row)])
+        for position, (slot, value) in enumerate(zip(r.row, values)):
+            if kv_data[slot] != value:
+                fail(
+                    "meaning",
+                    f"request {r.rid}: its row's KV slot {slot} (position {position}) holds {name(kv_data[slot])}, "
+                    f"not that of its tokens {list(r.tokens[: position + 1])}",
+                )
+        if r.mamba is not None and r.state_len:
+            want = digest.digest(r.extra_key, r.tokens[: r.state_len])
+            if states[r.mamba] != want:
+                fail(
+                    "meaning",
+                    f"request {r.rid}: its Mamba slot {r.mamba} holds {name(states[r.mamba])}, not that of its "
+                    f"{r.state_len} processed tokens {list(r.tokens[: r.state_len])}",
+                )

@@ -1,0 +1,53 @@
+"""Delta debugging of a failing trace: the fewest operations that still fail the same way.
+
+Both engines use it: the random engine on its failing program, the Hypothesis engine on the trace
+its failing example wrote (Hypothesis' own shrinker takes minutes on these programs, ddmin a few
+seconds at most).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any, Dict, List, Optional
+
+from harness.caches import CacheFactory
+from harness.trace import Trace, TraceError, load_trace, replay, save_trace
+
+
+def shrink_operations(trace: Trace, cache_factory: CacheFactory, check: str, protocol: Optional[str] = None) -> Trace:
+    """Delta debugging (ddmin over complements) of a failing trace's operations, keeping only
+    reductions that still fail with the same check."""
+
+    def fails(ops: List[Dict[str, Any]]) -> bool:
+        try:
+            verdict = replay(replace(trace, operations=ops), cache_factory, protocol=protocol)
+        except TraceError:
+            return False
+        return not verdict.ok and verdict.failure.check == check
+
+    ops = list(trace.operations)
+    chunks = 2
+    while len(ops) >= 2:
+        size = -(-len(ops) // chunks)
+        for start in range(0, len(ops), size):
+            complement = ops[:start] + ops[start + size :]
+            if complement and fails(complement):
+                ops = complement
+                chunks = max(chunks - 1, 2)
+                break
+        else:
+            if chunks >= len(ops):
+                break
+            chunks = min(len(ops), chunks * 2)
+    verdict = replay(replace(trace, operations=ops), cache_factory, protocol=protocol)
+    return replace(trace, operations=ops, failure=verdict.failure)
+
+
+def shrink_saved(path: str, cache_factory: CacheFactory, check: str, trace_dir: str) -> str:
+    """Shrink the failing trace saved at `path` and save the result in its place; returns the
+    new path."""
+    shrunk = save_trace(shrink_operations(load_trace(path), cache_factory, check), trace_dir)
+    if os.path.abspath(shrunk) != os.path.abspath(path):
+        os.remove(path)
+    return shrunk

@@ -1,0 +1,256 @@
+"""Known findings, and setting them aside while the fuzzer looks for others.
+
+A frequent finding would hide the rarer ones: every program would stop at it. Each known finding
+of a release says what identifies it (the check it fails and what the failure names) and how it
+is set aside for that release: a check passes over that one instance (`tolerates`), the operation
+that triggers it is not chosen (`avoids`), or the server settings that reach it are not drawn
+(`settings`). `docs/findings.md` writes each one up; `python -m harness fuzz --set-aside NAME`
+(or `--set-aside all`, every finding of the release under test) applies them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
+
+from strategies.config import SchedulerConfig
+
+
+class KnownFinding:
+    """One finding in one release, with how to set it aside (see the module docstring)."""
+
+    name = "abstract"
+    releases: Tuple[str, ...] = ()  # the cache releases (`CacheUnderTest.release`) it was found in
+    check = ""  # the check it fails
+    summary = ""  # one line: what goes wrong
+    set_aside = ""  # one line: how a fuzz sets it aside
+
+    def tolerates(self, check: str, what: str) -> bool:
+        """Whether `check` passes over one instance of this finding (`what` names it)."""
+        return False
+
+    def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        """Whether the operation would trigger this finding and is not to be chosen."""
+        return False
+
+    def settings(self, scheduler: SchedulerConfig) -> SchedulerConfig:
+        """The server settings a program draws, changed so as not to reach this finding."""
+        return scheduler
+
+
+class MambaForkViewsFreeList(KnownFinding):
+    name = "mamba-fork-views-free-list"
+    releases = ("0.5.4", "0.5.20")
+    check = "own_storage"
+    summary = (
+        "cache_unfinished_req stores the Mamba slot it allocates for the chunk's node as the allocator hands it out, "
+        "a view of the free-slot tensor (0.5.4: MambaPool.fork_from; 0.5.20: _alloc_mamba_slot): each such node "
+        "keeps a whole free list alive (device memory growing with the tree)"
+    )
+    set_aside = "own_storage passes over a node's Mamba slot"
+
+    def tolerates(self, check: str, what: str) -> bool:
+        return check == "own_storage" and what == "Mamba slot"
+
+
+class FinishedMambaSlotInt32(KnownFinding):
+    name = "finished-mamba-slot-int32"
+    releases = ("0.5.4",)
+    check = "index_types"
+    summary = (
+        "cache_finished_req stores the request's Mamba slot as it reads it from the int32 request-to-Mamba map: "
+        "tree nodes hold int32 and int64 Mamba slots side by side"
+    )
+    set_aside = "index_types passes over a node's Mamba slot"
+
+    def tolerates(self, check: str, what: str) -> bool:
+        return check == "index_types" and what == "Mamba slot"
+
+
+class DisaggChunkedMambaFreed(KnownFinding):
+    name = "disagg-chunked-mamba-freed"
+    releases = ("0.5.4",)
+    check = "meaning"
+    summary = (
+        "disaggregated prefill frees a chunked request's Mamba slot between chunks (req_to_token_pool.free "
+        "without free_mamba_cache=False) while the request goes on using it: its next chunk resumes from a "
+        "zeroed state, and the slot can be handed to another request"
+    )
+    set_aside = "disaggregated-prefill programs run without chunked prefill"
+
+    def settings(self, scheduler: SchedulerConfig) -> SchedulerConfig:
+        if scheduler.disaggregation_mode == "prefill":
+            return replace(scheduler, chunked_prefill_size=None)
+        return scheduler
+
+
+class FlushUnderLiveRequests(KnownFinding):
+    name = "flush-under-live-requests"
+    releases = ("0.5.4",)
+    check = "pool_conservation"
+    summary = (
+        "flush_cache checks only the waiting queue and the running batch, and resets the tree and clears both pools "
+        "under the request being chunked, a prefill batch not yet merged, or requests whose KV is in transfer: "
+        "their slots are handed out again while they use them"
+    )
+    set_aside = "no flush while any request is in the scheduler"
+
+    def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        return op == "flush" and bool(driver.protocol.live_requests())
+
+
+class RemovedNodesStayLinked(KnownFinding):
+    name = "removed-nodes-stay-linked"
+    releases = ("0.5.4",)
+    check = "node_reclaimed"
+    summary = (
+        "a node taken out of an LRU list keeps its prev/next pointing at its old neighbours, so a removed node stays "
+        "alive while a live node (a tombstone out of the Mamba list) still points at it, with whatever it points at "
+        "in turn: evicted nodes, their KV and Mamba index tensors, are freed only by a full collection"
+    )
+    set_aside = "node_reclaimed passes over evicted nodes that only other nodes' links (LRU pointers, parent, children) reach"
+
+    def tolerates(self, check: str, what: str) -> bool:
+        return check == "node_reclaimed" and what == "node links"
+
+
+class ResetDropsLinkedTree(KnownFinding):
+    name = "reset-drops-linked-tree"
+    releases = ("0.5.4", "0.5.20")
+    check = "node_reclaimed"
+    summary = (
+        "reset() (a cache flush) replaces the root and the LRU lists but leaves the old tree's nodes referring to "
+        "each other (parent, children, LRU pointers): the whole old tree, its index tensors included, is freed only "
+        "by a full collection"
+    )
+    set_aside = "node_reclaimed passes over nodes of a tree a reset dropped that only other nodes' links reach"
+
+    def tolerates(self, check: str, what: str) -> bool:
+        return check == "node_reclaimed" and what == "a reset tree's links"
+
+
+class RetractPassesIsInsert(KnownFinding):
+    name = "retract-passes-is-insert"
+    releases = ("0.5.4",)
+    check = "TypeError"
+    summary = (
+        "retraction under decode memory pressure calls cache_finished_req(req, is_insert=False), which 0.5.4's "
+        "MambaRadixCache does not accept: the scheduler dies with TypeError"
+    )
+    set_aside = "requests arrive only while all of them together (input and max_new_tokens) fit the KV pool"
+
+    def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        if op != "arrive":
+            return False
+        demand = sum(len(r.origin) + r.max_new_tokens for r in driver.protocol.live_requests())
+        return demand + len(args["tokens"]) + args["max_new_tokens"] > driver.config.kv_size
+
+
+class IdleCheckCountsWaitingSlot(KnownFinding):
+    name = "idle-check-counts-waiting-slot"
+    releases = ("0.5.4",)
+    check = "ValueError"
+    summary = (
+        "a request the prefill budget refused keeps the Mamba slot its copy-on-write match filled; once the "
+        "running batch drains the scheduler goes idle with it waiting, and the idle memory check counts the slot "
+        "as leaked: ValueError, the scheduler dies"
+    )
+    set_aside = "the idle check counts Mamba slots held by waiting requests as in use"
+
+    def tolerates(self, check: str, what: str) -> bool:
+        return check == "idle check" and what == "a waiting request's Mamba slot"
+
+
+class IdleSanityCheckLruOrder(KnownFinding):
+    name = "idle-sanity-check-lru-order"
+    releases = ("0.5.4",)
+    check = "Exception"
+    summary = (
+        "the idle sanity_check compares the LRU lists with the nodes' last_access_time stamps, which a match sets "
+        "on the walked path (not the refreshed one, and 0.1 ms apart per level) and a split sets before the match: "
+        "on reachable states it raises 'Incorrect LRU list' and the scheduler dies"
+    )
+    set_aside = "the idle check passes over sanity_check's 'Incorrect LRU list'"
+
+    def tolerates(self, check: str, what: str) -> bool:
+        return check == "idle check" and what.startswith("sanity_check:") and "Incorrect LRU list" in what
+
+
+class AbortWaitingLeaksMambaSlot(KnownFinding):
+    name = "abort-waiting-leaks-mamba-slot"
+    releases = ("0.5.4",)
+    check = "pool_conservation"
+    summary = (
+        "abort_request pops a waiting request from the queue and frees nothing: a Mamba slot its copy-on-write "
+        "match filled (in an earlier round that refused it) is leaked for good"
+    )
+    set_aside = "no abort of a waiting request that holds a Mamba slot"
+
+    def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        if op != "abort":
+            return False
+        protocol = driver.protocol
+        req = next((r for r in protocol.live_requests() if r.rid == args["rid"]), None)
+        return req in getattr(protocol, "waiting", ()) and driver.cut.mamba_slot_of(req.cut) is not None
+
+
+KNOWN_FINDINGS: Dict[str, KnownFinding] = {
+    f.name: f
+    for f in (
+        MambaForkViewsFreeList(),
+        FinishedMambaSlotInt32(),
+        DisaggChunkedMambaFreed(),
+        FlushUnderLiveRequests(),
+        RemovedNodesStayLinked(),
+        ResetDropsLinkedTree(),
+        RetractPassesIsInsert(),
+        IdleCheckCountsWaitingSlot(),
+        IdleSanityCheckLruOrder(),
+        AbortWaitingLeaksMambaSlot(),
+    )
+}
+
+
+class SetAside:
+    """The known findings set aside in one run; a check, the chooser and the draws consult it."""
+
+    def __init__(self, findings: Iterable[KnownFinding] = ()):
+        self.findings: List[KnownFinding] = list(findings)
+
+    def __bool__(self) -> bool:
+        return bool(self.findings)
+
+    def tolerates(self, check: str, what: str) -> bool:
+        return any(f.tolerates(check, what) for f in self.findings)
+
+    def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        return any(f.avoids(op, args, driver) for f in self.findings)
+
+    def settings(self, scheduler: SchedulerConfig) -> SchedulerConfig:
+        for f in self.findings:
+            scheduler = f.settings(scheduler)
+        return scheduler
+
+    def names(self) -> List[str]:
+        return [f.name for f in self.findings]
+
+    def for_release(self, release: str) -> "SetAside":
+        """Only the findings of `release` (a trace from one release replayed on another cache
+        sets nothing aside there)."""
+        return SetAside(f for f in self.findings if release in f.releases)
+
+
+def set_aside(names: Sequence[str], release: str) -> SetAside:
+    """The findings `names` name (`all`: every known finding of `release`); ValueError naming an
+    unknown one or one not found in `release`."""
+    if list(names) == ["all"]:
+        return SetAside(f for f in KNOWN_FINDINGS.values() if release in f.releases)
+    chosen = []
+    for name in names:
+        finding = KNOWN_FINDINGS.get(name)
+        if finding is None:
+            raise ValueError(f"--set-aside: unknown finding {name!r}; known: {sorted(KNOWN_FINDINGS)} or 'all'")
+        if release not in finding.releases:
+            raise ValueError(f"--set-aside {name}: found in {list(finding.releases)}, not in the release under test ({release})")
+        chosen.append(finding)
+    return SetAside(chosen)

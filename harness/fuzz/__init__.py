@@ -1,0 +1,50 @@
+"""`python -m harness fuzz`: a time-budgeted fuzz of a cache against the model.
+
+Two engines share the operation chooser (`harness.program`) and every check:
+  hypothesis  the state machine (`harness.engines.hypothesis_engine`), in rounds of examples,
+              with an example database (a directory, or `redis://host:port/n` shared by runners);
+  random      seeded random programs (`harness.engines.random_engine`) without Hypothesis'
+              per-step overhead; a failing program is shrunk by delta debugging.
+Failures become trace files; the run goes on with the other configurations until the budget
+ends unless `fail_fast`. `workers` processes share the database (`harness.fuzz.workers`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, TextIO
+
+import impl
+from harness.caches import cache_factory
+from harness.fuzz.options import FuzzOptions
+from harness.fuzz.report import build_report, write_report
+from harness.fuzz.rounds import run_single
+from harness.fuzz.workers import run_workers
+
+
+def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
+    """Run the fuzz; returns the report (also written to `options.report` when given)."""
+    options.check()
+    factory = cache_factory(options.impl)
+    protocol = options.protocol or getattr(factory, "func", factory).default_protocol
+    out.write(
+        f"fuzz: {options.engine} engine, {options.impl} under the {protocol} scheduler against the model on "
+        f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
+    )
+    reports = run_workers(options, out) if options.workers > 1 else [run_single(options, out)]
+    versions = {"impl": impl.__version__}
+    if options.impl == "sglang":
+        from harness.caches.sglang_loader import sglang_version
+
+        versions["sglang"] = sglang_version()
+    report = build_report(options, reports, versions)
+    if options.report:
+        write_report(options.report, report)
+    out.write(
+        f"fuzz: {report['programs']} programs, {report['steps']} steps ({report['steps_per_second']}/s), "
+        f"{len(report['failures'])} failure(s), peak memory {report['peak_rss_mib']} MiB\n"
+    )
+    return report
+
+
+__all__ = ["FuzzOptions", "fuzz"]

@@ -1,0 +1,64 @@
+"""`FuzzOptions`: what one fuzz run does, checked before any work starts."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from harness.caches import cache_factory, cache_release
+from harness.devices import best_device, check_device
+from harness.findings import SetAside, set_aside
+from harness.engines.hypothesis_engine import PENDING_DIR
+from harness.profiles import PROFILES
+from harness.protocols import protocol_class
+from strategies import SCENARIOS
+
+ENGINES = ("hypothesis", "random")
+
+
+@dataclass
+class FuzzOptions:
+    seconds: float = 60.0
+    device: str = field(default_factory=best_device)
+    impl: str = "impl"
+    protocol: Optional[str] = None  # None: the cache's own (the contract for impl, the release's for SGLang)
+    profile: str = "nightly"
+    configs: List[str] = field(default_factory=lambda: sorted(SCENARIOS))
+    seed: Optional[int] = None
+    db: Optional[str] = None  # directory (default .hypothesis/fuzz) or redis://host:port/n
+    report: Optional[str] = None
+    engine: str = "hypothesis"
+    workers: int = 1
+    fail_fast: bool = False
+    trace_dir: str = field(default_factory=lambda: os.environ.get("HARNESS_TRACE_DIR") or PENDING_DIR)
+    set_aside: List[str] = field(default_factory=list)  # known findings to set aside (`all`: every one of the release)
+
+    def known_findings(self) -> SetAside:
+        """The known findings this run sets aside (names checked against the release under test)."""
+        return set_aside(self.set_aside, cache_release(cache_factory(self.impl))) if self.set_aside else SetAside()
+
+    def check(self) -> None:
+        """Raise ValueError naming the first unusable option."""
+        unknown = [c for c in self.configs if c not in SCENARIOS]
+        if unknown:
+            raise ValueError(f"--config: unknown configuration(s) {unknown}; known: {sorted(SCENARIOS)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be hypothesis or random, got {self.engine!r}")
+        if self.profile not in PROFILES:
+            raise ValueError(f"--profile must be one of {list(PROFILES)}, got {self.profile!r}")
+        if self.seconds <= 0:
+            raise ValueError(f"the budget must be positive, got {self.seconds} seconds")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
+        if self.db and self.db.startswith("redis://"):
+            try:
+                importlib.import_module("redis")
+            except ImportError:
+                raise ValueError("--db redis://...: the redis package is not installed (pip install redis)") from None
+        cache_factory(self.impl)
+        self.known_findings()
+        if self.protocol is not None:
+            protocol_class(self.protocol)
+        check_device(self.device)

@@ -1,0 +1,29 @@
+"""The scheduler protocols: one module per release whose scheduler drives a hybrid cache.
+
+  contract        what a correct scheduler of 0.5.4's era does (0.5.4's calls, its mistakes
+                  corrected) plus direct API calls: the protocol `impl` is checked under
+  sglang-0.5.4    SGLang 0.5.4's scheduler (`sglang_0_5_4`)
+
+`docs/scheduler-protocol.md` maps each release's call sites to the methods that make them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from harness.protocols.base import SchedulerProtocol
+from harness.protocols.contract import ContractScheduler
+from harness.protocols.sglang_0_5_4 import Sglang054Scheduler
+
+PROTOCOLS: Dict[str, type] = {cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler)}
+
+
+def protocol_class(name: str) -> type:
+    """The protocol named `name`; ValueError naming the known ones otherwise."""
+    try:
+        return PROTOCOLS[name]
+    except KeyError:
+        raise ValueError(f"--protocol must be one of {sorted(PROTOCOLS)}, got {name!r}") from None
+
+
+__all__ = ["PROTOCOLS", "ContractScheduler", "SchedulerProtocol", "Sglang054Scheduler", "protocol_class"]

@@ -1,0 +1,112 @@
+"""`SchedulerProtocol`: what every scheduler protocol shares: the requests it holds, the
+operations it accepts, and what the checks need to know of its requests.
+
+A protocol is one release's scheduler transcribed, as far as it touches the tree cache and the
+pools: each operation of the harness's vocabulary (`harness.operations`) is one scheduler event
+(a request arrives, one turn of the event loop, an abort, a cache flush), and makes exactly the
+calls that release's scheduler makes for it, through `PairedCaches`. A subclass names the
+release's source for every call (file:function) so that `docs/scheduler-protocol.md` can map
+each call site to the method that makes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Tuple
+
+from harness.checks.memory import RequestHoldings
+from harness.checks.ownership import Tolerate, never
+from harness.operations import OperationError
+from harness.pairing import PairedCaches, Request
+from strategies.config import CacheConfig, SchedulerConfig
+
+
+class SchedulerProtocol:
+    """One release's scheduler (see the module docstring)."""
+
+    name = "abstract"
+    # the operations this protocol accepts (a subset of `harness.operations.OPERATIONS`)
+    operations: Tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        caches: PairedCaches,
+        config: CacheConfig,
+        scheduler: SchedulerConfig,
+        on_event: Callable[[str], None],
+        tolerate: Tolerate = never,
+    ):
+        self.caches = caches
+        self.config = config
+        self.scheduler = scheduler
+        self.on_event = on_event
+        self.tolerate = tolerate  # whether a known finding is set aside here (see harness.findings)
+        self._next_rid = 0
+
+    def apply(self, op: str, args: Dict[str, Any]) -> None:
+        if op not in self.operations:
+            raise OperationError("op", f"the {self.name} scheduler has no operation {op!r} (it has {list(self.operations)})")
+        getattr(self, op)(**args)
+
+    def next_rid(self) -> int:
+        rid = self._next_rid
+        self._next_rid += 1
+        return rid
+
+    # ----- what the harness needs to know ------------------------------------------------------
+
+    def referenced_requests(self) -> List[Request]:
+        """Every request the scheduler refers to, in a stable order."""
+        raise NotImplementedError
+
+    def live_requests(self) -> List[Request]:
+        """The referenced requests not yet released (they hold what the checks count)."""
+        return [r for r in self.referenced_requests() if not r.released]
+
+    def request(self, rid: int, operation: str) -> Request:
+        """The live request `rid`, or an `OperationError` for a trace naming another."""
+        for req in self.live_requests():
+            if req.rid == rid:
+                return req
+        raise OperationError("args.rid", f"{operation}: no live request {rid} (live: {[r.rid for r in self.live_requests()]})")
+
+    def idle(self) -> bool:
+        """Whether the scheduler has nothing in flight (a flush would go through)."""
+        raise NotImplementedError
+
+    def holdings(self) -> List[RequestHoldings]:
+        """What each live request owns and has computed, read from its row in the cache under
+        test (after checking the row against the model's)."""
+        cut = self.caches.cut
+        live = self.live_requests()
+        rows = cut.req_rows(max((r.kv_len for r in live), default=0))
+        out = []
+        for r in live:
+            slot = r.model.req_slot
+            row: Tuple[int, ...] = ()
+            if slot is not None:
+                row = tuple(rows[slot][: r.kv_len])
+                want = tuple(r.model.row.get(i) for i in range(r.kv_len))
+                self.caches.agree(f"the req_to_token row of request {r.rid}", "its KV slots", row, want)
+            out.append(
+                RequestHoldings(
+                    rid=r.rid,
+                    kv=row[r.prefix_len :],
+                    mamba=cut.mamba_slot_of(r.cut),
+                    req_slot=slot,
+                    extra_key=r.extra_key,
+                    tokens=r.tokens(),
+                    row=row,
+                    state_len=r.state_len,
+                )
+            )
+        return out
+
+    def held_nodes(self) -> Iterable[Any]:
+        """The tree nodes the scheduler's requests refer to (their last nodes and those nodes'
+        ancestors): alive whether or not they are still in the tree."""
+        cut = self.caches.cut
+        for r in self.referenced_requests():
+            node = cut.last_node_of(r.cut)
+            while node is not None:
+                yield node
+                node = node.parent
