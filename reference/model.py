@@ -424,11 +424,15 @@ class ReferenceCache:
         for r in reqs:
             if r.mamba_slot is None:
                 r.mamba_slot = self.mamba_alloc(1)[0]
-        slots = []
-        for r in reqs:
-            r.req_slot = self.req_free.pop(-1 if self.rules.req_slots_from_tail else 0)
+        n = len(reqs)
+        if self.rules.req_slots_from_tail:
+            slots = self.req_free[len(self.req_free) - n :]
+            del self.req_free[len(self.req_free) - n :]
+        else:
+            slots, self.req_free = self.req_free[:n], self.req_free[n:]
+        for r, slot in zip(reqs, slots):
+            r.req_slot = slot
             r.row = {}
-            slots.append(r.req_slot)
         return slots
 
     def req_free_slot(self, req: ModelReq, free_mamba: bool = True) -> None:
