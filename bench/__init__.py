@@ -15,7 +15,7 @@ def write_json(path: str, data: Any) -> None:
 def parse_with_device(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
     """Parse `argv` with each benchmark's `--device` option added (default cuda when available,
     else cpu); a device this machine cannot use is a usage error naming it (exit status 2)."""
-    from harness.config import best_device, check_device
+    from harness.devices import best_device, check_device
 
     parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
     args = parser.parse_args(argv)

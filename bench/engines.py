@@ -3,8 +3,7 @@
     python -m bench.engines [--rounds 4] [--seconds 5] [--config medium] [--profile ci] [--device cpu|cuda] [--json FILE]
 
 Each round runs the Hypothesis engine, then the random engine, for the same budget and seed
-(rounds alternate, so a noisy machine slows both alike). Both check every invariant after every
-step. Prints each round's steps/s and ratio, the medians, and the ratio of the medians.
+(rounds alternate, so a noisy machine slows both alike). Both run every check after every step. Prints each round's steps/s and ratio, the medians, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import tempfile
 from typing import Dict, List
 
 from bench import parse_with_device, write_json
-from harness.fuzz import FuzzOptions, run_single
+from harness.fuzz.options import FuzzOptions
+from harness.fuzz.rounds import run_single
 from harness.profiles import register_profiles
 
 ENGINES = ("hypothesis", "random")

@@ -7,8 +7,8 @@ For each tree size, three runs side by side in one process, each for the same bu
   bare        a Hypothesis state machine of the same shape (an initialize rule drawing a pool
               configuration, one step rule drawing an operation and its arguments) that does no
               cache work: the ceiling Hypothesis itself sets;
-  hypothesis  the harness's state machine: impl and the model side by side, every invariant
-              after every step;
+  hypothesis  the harness's state machine: impl and the model side by side under the contract
+              scheduler, every check after every step;
   random      the random engine: the same operations and checks without Hypothesis.
 Each program of the last two starts from a tree warmed to the size by seeded inserts through the
 driver (their time is not counted). Prints steps/s, the ratios, and the mean tree size reached.
@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from bench import parse_with_device, write_json
-from harness.adapters import ImplAdapter
-from harness.driver import PairedScheduler
-from harness.fuzz import Stats
-from harness.machine import machine_for
+from harness.caches import ImplCache
+from harness.driver import Driver, paused_gc
+from harness.engines.hypothesis_engine import machine_for
+from harness.fuzz.progress import Stats
 from harness.program import OperationChooser
 from strategies import SCENARIOS, Scenario
 from strategies.draws import RandomDraws
@@ -66,13 +66,13 @@ class Clock:
         self.node_counts: List[int] = []
 
 
-def node_count(driver: PairedScheduler) -> int:
+def node_count(driver: Driver) -> int:
     return len(driver.model.nodes)
 
 
-def warm(driver: PairedScheduler, size: TreeSize, seed: int, clock: Clock) -> None:
-    """Grow the tree to at least `size.nodes` nodes with seeded inserts (recorded like any
-    operation), then check every invariant once."""
+def warm(driver: Driver, size: TreeSize, seed: int, clock: Clock) -> None:
+    """Grow the tree to at least `size.nodes` nodes with seeded direct inserts (recorded like
+    any operation), then run every check once."""
     started = time.perf_counter()
     rng = random.Random(seed)
     vocab, max_len = size.scenario.vocab, size.scenario.max_len
@@ -91,7 +91,9 @@ def bare_machine(scenario: Scenario) -> type:
     class BareMachine(RuleBasedStateMachine):
         @initialize(data=st.data())
         def build_cache(self, data):
-            self.config = data.draw(scenario.pools("cpu"), label="config")
+            integer = lambda lo, hi: data.draw(st.integers(lo, hi))  # noqa: E731
+            self.config = scenario.config(integer)
+            self.scheduler = scenario.scheduler(integer, self.config)
 
         @rule(data=st.data())
         def step(self, data):
@@ -103,7 +105,7 @@ def bare_machine(scenario: Scenario) -> type:
 
 
 def harness_machine(size: TreeSize, device: str, stats: Stats, clock: Clock) -> type:
-    base = machine_for(size.scenario, ImplAdapter, device, stats.record)
+    base = machine_for(size.scenario, ImplCache, device, stats.record)
 
     class WarmMachine(base):
         @initialize(data=st.data())
@@ -162,17 +164,19 @@ def measure_random(size: TreeSize, device: str, seconds: float, seed: int) -> Di
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         draws = RandomDraws(random.Random(rng.getrandbits(64)))
-        driver = PairedScheduler(draws.config(size.scenario, device), ImplAdapter, on_event=stats.record)
-        warm(driver, size, rng.getrandbits(32), clock)
-        chooser = OperationChooser(size.scenario)
-        started = time.perf_counter()
-        for _ in range(STEPS_PER_PROGRAM):
-            op, args = chooser.next(driver, draws)
-            stats.record(f"operation: {op}")
-            driver.apply(op, **args)
-            driver.check()
-        checked += time.perf_counter() - started
-        clock.node_counts.append(node_count(driver))
+        config = draws.config(size.scenario, device)
+        with paused_gc():
+            driver = Driver(config, draws.scheduler(size.scenario, config), ImplCache, on_event=stats.record)
+            warm(driver, size, rng.getrandbits(32), clock)
+            chooser = OperationChooser(size.scenario)
+            started = time.perf_counter()
+            for _ in range(STEPS_PER_PROGRAM):
+                op, args = chooser.next(driver, draws)
+                stats.record(f"operation: {op}")
+                driver.apply(op, **args)
+                driver.check()
+            checked += time.perf_counter() - started
+            clock.node_counts.append(node_count(driver))
     return {"steps_per_second": stats.steps / checked, "mean_nodes": _mean(clock.node_counts)}
 
 

@@ -16,7 +16,7 @@
    `evict` calls, each freeing a few tokens. Prints the median microseconds per call.
 
 Both caches use their own pools (impl's with checking mode off, as in production); SGLang is
-built as `harness.sglang_adapter` builds it. Without SGLang installed, only impl is measured.
+built as `harness.caches.sglang_0_5_4` builds it (reading the real clock). Without SGLang installed, only impl is measured.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 
 import impl
 from bench import parse_with_device, write_json
-from harness.config import CacheConfig
+from strategies.config import CacheConfig
 
 
 @dataclass
@@ -77,9 +77,9 @@ def build(name: str, kv_size: int, mamba_size: int, req_size: int, max_context_l
         cache = impl.MambaRadixCache(req_pool, kv, page_size=1)
         return Bench(name, cache, kv, req_pool, lambda tokens: impl.RadixKey(tokens), device)
     if name == "sglang":
-        from harness.sglang_adapter import SglangAdapter
+        from harness.caches.sglang_0_5_4 import Sglang054Cache
 
-        adapter = SglangAdapter(CacheConfig(kv_size, mamba_size, req_size, max_context_len, device))
+        adapter = Sglang054Cache(CacheConfig(kv_size, mamba_size, req_size, max_context_len, device), virtual_clock=False)
         return Bench(name, adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None), device)
     raise ValueError(f"unknown cache {name!r}: expected impl or sglang")
 
@@ -341,7 +341,7 @@ def evict_cost(name: str, nodes: int, device: str, seed: int, calls: int = 200, 
 
 
 def available_caches(requested: Optional[List[str]]) -> List[str]:
-    from harness.sglang_adapter import sglang_unavailable, sglang_version
+    from harness.caches.sglang_loader import sglang_unavailable, sglang_version
 
     why = sglang_unavailable()
     if not why and sglang_version() != "0.5.4":
@@ -372,7 +372,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     caches = available_caches(args.caches)
     versions = {"impl": impl.__version__}
     if "sglang" in caches:
-        from harness.sglang_adapter import sglang_version
+        from harness.caches.sglang_loader import sglang_version
 
         versions["sglang"] = sglang_version()
 

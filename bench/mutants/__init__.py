@@ -1,4 +1,4 @@
-"""The seeded-bug catalogue and its runner (`python -m harness mutants`); not imported by the product."""
+"""The seeded-bug catalogue and its runner (`python -m bench.mutants`); not imported by the product."""
 
 from bench.mutants.catalogue import BY_NAME, MUTANTS
 from bench.mutants.patch import Mutant, MutantError, applied

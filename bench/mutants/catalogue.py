@@ -2,7 +2,7 @@
 
 Each is the kind of slip a person changing the cache makes: an off-by-one, a forgotten refresh,
 a counter updated on one path only, the wrong field tested, a slot freed on the wrong branch.
-`python -m harness mutants` runs the harness against every one and prints whether it was caught.
+`python -m bench.mutants` runs the harness against every one and prints whether it was caught.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MUTANTS: Tuple[Mutant, ...] = (
        ("node.mamba_lock_ref -= 1", "node.mamba_lock_ref -= 0")),
     _m("finished-keeps-lock", "lock accounting", f"{CACHE}.cache_finished_req",
        "a finished request's lock on its last node is never released",
-       ("        self.dec_lock_ref(req.last_node)\n", "")),
+       ("free_mamba_cache=mamba_exist)\n        self.dec_lock_ref(req.last_node)\n", "free_mamba_cache=mamba_exist)\n")),
     _m("split-drops-lock", "lock accounting", f"{CACHE}._split_node",
        "the upper half of a split starts unlocked although the lower half is locked",
        ("upper.full_lock_ref = child.full_lock_ref", "upper.full_lock_ref = 0")),
@@ -125,7 +125,7 @@ MUTANTS: Tuple[Mutant, ...] = (
     # ----- chunked prefill and finishing ------------------------------------------------------
     _m("unfinished-shares-live-state", "chunked prefill", f"{CACHE}.cache_unfinished_req",
        "a chunk inserts the request's running Mamba slot instead of a fork of it",
-       ("self._insert_helper(key, value, forked)", "self._insert_helper(key, value, req_mamba)")),
+       ("self._insert_helper(key, value, forked.clone())", "self._insert_helper(key, value, req_mamba)")),
     _m("unfinished-prefix-stale", "chunked prefill", f"{CACHE}.cache_unfinished_req",
        "after a chunk the request's prefix_indices are not updated",
        ("        req.prefix_indices = new_indices\n", "")),
@@ -200,6 +200,32 @@ MUTANTS: Tuple[Mutant, ...] = (
     _m("req-mapping-not-written", "pools", "impl.req_to_token_pool:HybridReqToTokenPool.alloc",
        "a request slot's Mamba index is not recorded, so it reads another request's state",
        ("            self.req_index_to_mamba_index_mapping[select[0]] = reqs[0].mamba_pool_idx\n", "            pass\n")),
+    # ----- what the data means, memory, ownership: each caught by one check alone -------------
+    _m("fork-of-the-cached-prefix", "meaning", f"{CACHE}.cache_unfinished_req",
+       "a chunk's node gets a fork of the state cached at the request's old prefix, not of the request's "
+       "own state: the state sits on a longer prefix than the one it was computed for",
+       ("req_mamba = self._req_mamba_slot(req)\n        forked = mamba_pool.fork_from(req_mamba)",
+        "req_mamba = self._req_mamba_slot(req)\n        forked = mamba_pool.fork_from("
+        "req_mamba if req.last_node.mamba_value is None else req.last_node.mamba_value)")),
+    _m("reset-keeps-tree-linked", "memory", f"{CACHE}._dismantle",
+       "reset marks the old tree's nodes as gone but leaves them linked (parents and children, list "
+       "neighbours referring to each other): they are freed only by a full collection",
+       ("        for lru in (self.full_lru_list, self.mamba_lru_list):\n            lru.clear()\n", ""),
+       ("            node.children = {}\n", "")),
+    _m("finished-mamba-slot-int32", "ownership", f"{CACHE}.cache_finished_req",
+       "a finished request's Mamba slot goes into the tree as the int32 the request-to-Mamba map holds",
+       ("mamba_value = self._req_mamba_slot(req).to(torch.int64, copy=True)",
+        "mamba_value = self._req_mamba_slot(req).clone()")),
+    _m("insert-keeps-callers-tensors", "ownership", f"{CACHE}.insert",
+       "insert keeps the caller's KV and Mamba index tensors as the node's own, so the caller's next use of "
+       "them rewrites the tree",
+       ("        value = value.to(device=self.device, dtype=torch.int64, copy=True)\n"
+        "        mamba_value = mamba_value.to(device=self.device, dtype=torch.int64, copy=True)\n",
+        "        value = value.to(device=self.device, dtype=torch.int64)\n"
+        "        mamba_value = mamba_value.to(device=self.device, dtype=torch.int64)\n")),
+    _m("fork-views-free-list", "ownership", f"{CACHE}.cache_unfinished_req",
+       "a chunk's node keeps the fork as the pool handed it out, a view of the pool's free list",
+       ("self._insert_helper(key, value, forked.clone())", "self._insert_helper(key, value, forked)")),
 )
 
 BY_NAME: Dict[str, Mutant] = {m.name: m for m in MUTANTS}

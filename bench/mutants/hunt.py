@@ -1,7 +1,4 @@
-"""`python -m harness mutants`: run the harness against every seeded bug and print the table.
-
-    python -m harness mutants [--profile ci] [--engine hypothesis|random] [--only NAME ...]
-                              [--workers N] [--device cpu|cuda] [--json FILE]
+"""Hunting seeded bugs: run the harness against each one and print the table (`python -m bench.mutants`).
 
 Each mutant is hunted in a fresh process (the patch never leaks into another run): the
 configurations are tried in turn, each with the profile's full budget (examples x steps), until
@@ -20,14 +17,14 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import List, Optional, Sequence
+from typing import FrozenSet, List, Optional, Sequence
 
 from bench import write_json
 from bench.mutants.catalogue import BY_NAME
 from bench.mutants.patch import applied
 
 # Cheap, eviction-heavy configurations first: most bugs show there within a few programs.
-HUNT_ORDER = ("tiny", "medium", "chunked", "lock_heavy", "extra_keys", "large")
+HUNT_ORDER = ("tiny", "medium", "chunked", "lock_heavy", "decode_pressure", "extra_keys", "disagg_prefill", "large")
 
 
 @dataclass
@@ -45,66 +42,70 @@ class HuntResult:
     seconds: float  # the whole hunt, shrinking included
 
 
-def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir: str):
-    """Hypothesis finds the failing program; delta debugging shrinks its trace (Hypothesis' own
-    shrinker takes minutes a mutant on these programs, ddmin well under a second)."""
-    from hypothesis import Phase, settings
+def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir: str, checks):
+    """Hypothesis finds the failing program; delta debugging shrinks its trace."""
+    from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from harness.adapters import ImplAdapter
-    from harness.fuzz import noted_trace_path, shrink_operations
-    from harness.machine import machine_for
-    from harness.trace import classify, load_trace, save_trace
+    from harness.caches import ImplCache
+    from harness.engines.hypothesis_engine import machine_for, noted_trace_path
+    from harness.engines.shrink import shrink_saved
+    from harness.fuzz.rounds import NO_SHRINK
+    from harness.trace import classify
     from strategies import SCENARIOS
 
-    machine = machine_for(SCENARIOS[config], ImplAdapter, device, stats.record, trace_dir=trace_dir)
+    machine = machine_for(SCENARIOS[config], ImplCache, device, stats.record, trace_dir=trace_dir, checks=checks)
     budget = settings(
         settings.get_profile(profile), database=None, deadline=None, report_multiple_bugs=False,
-        print_blob=False, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+        print_blob=False, phases=NO_SHRINK,
     )
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             run_state_machine_as_test(machine, settings=budget)
     except Exception as exc:
         check = classify(exc)
-        shrunk = shrink_operations(load_trace(noted_trace_path(exc)), ImplAdapter, check)
-        return check, save_trace(shrunk, trace_dir)
+        return check, shrink_saved(noted_trace_path(exc), ImplCache, check, trace_dir)
     return None
 
 
-def _random_attempt(config: str, profile: str, device: str, stats, trace_dir: str, seed: int):
+def _random_attempt(config: str, profile: str, device: str, stats, trace_dir: str, seed: int, checks):
     from hypothesis import settings
 
-    from harness.adapters import ImplAdapter
-    from harness.fuzz import FuzzOptions, random_program
+    from harness.caches import ImplCache
+    from harness.engines.random_engine import ProgramFailed, random_program
+    from strategies import SCENARIOS
 
     budget = settings.get_profile(profile)
-    options = FuzzOptions(device=device, trace_dir=trace_dir, configs=[config])
     rng = random.Random(seed)
     for _ in range(budget.max_examples):
-        if not random_program(options, ImplAdapter, config, rng, budget.stateful_step_count, stats, io.StringIO()):
-            failure = stats.failures[-1]
-            return failure["check"], failure["trace"]
+        try:
+            random_program(SCENARIOS[config], ImplCache, rng, budget.stateful_step_count, device, trace_dir, stats.record,
+                           checks=checks)
+        except ProgramFailed as failed:
+            return failed.check, failed.path
     return None
 
 
-def hunt(name: str, engine: str = "hypothesis", profile: str = "ci", device: str = "cpu", seed: int = 0) -> HuntResult:
+def hunt(name: str, engine: str = "hypothesis", profile: str = "ci", device: str = "cpu", seed: int = 0,
+         checks: Optional[FrozenSet[str]] = None) -> HuntResult:
     """Apply mutant `name` and run the harness on it until it fails or every configuration's
-    budget is spent."""
-    from harness.fuzz import Stats
+    budget is spent; `checks` runs only those checks (default every one)."""
+    from harness.driver import CHECKS
+    from harness.fuzz.progress import Stats
     from harness.profiles import register_profiles
     from harness.trace import load_trace
 
     register_profiles()
+    checks = CHECKS if checks is None else checks
     mutant = BY_NAME[name]
     stats = Stats()
     outcome, config = None, None
     with tempfile.TemporaryDirectory() as trace_dir, applied(mutant):
         for config in HUNT_ORDER:
             if engine == "hypothesis":
-                outcome = _hypothesis_attempt(config, profile, device, stats, trace_dir)
+                outcome = _hypothesis_attempt(config, profile, device, stats, trace_dir, checks)
             else:
-                outcome = _random_attempt(config, profile, device, stats, trace_dir, seed)
+                outcome = _random_attempt(config, profile, device, stats, trace_dir, seed, checks)
             if outcome is not None:
                 break
         seconds = time.monotonic() - stats.started
