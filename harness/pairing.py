@@ -133,13 +133,15 @@ class PairedCaches:
 
     def _both(self, call: str, cut_call: Callable[[], Any], model_call: Callable[[], Any]) -> Tuple[Any, Any]:
         """Run the cache's call, then the model's; reconcile running out of Mamba slots."""
-        cut_exhausted: Optional[BaseException] = None
+        # the cache's message only: the exception itself, kept past its handler, would keep its
+        # traceback's frames (and the nodes in them) alive in a reference cycle
+        cut_exhausted: Optional[str] = None
         try:
             got = cut_call()
         except self.cut.mamba_exhausted_error as exc:
             if not self.cut.is_mamba_exhausted(exc):
                 raise
-            got, cut_exhausted = None, exc
+            got, cut_exhausted = None, str(exc)
         try:
             want = model_call()
         except ModelMambaExhausted:
