@@ -185,8 +185,10 @@ def save_trace(trace: Trace, directory: str) -> str:
     """Write `trace` under `directory` with its stable name; returns the path."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, trace.stable_name())
-    with open(path, "w", encoding="utf-8") as f:
+    partial = f"{path}.{os.getpid()}.partial"  # written whole, then renamed: a reader never sees half
+    with open(partial, "w", encoding="utf-8") as f:
         f.write(trace.to_json())
+    os.replace(partial, path)
     return path
 
 

@@ -7,6 +7,7 @@ seconds at most).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import replace
 from typing import Any, Dict, List, Optional
@@ -44,10 +45,18 @@ def shrink_operations(trace: Trace, cache_factory: CacheFactory, check: str, pro
     return replace(trace, operations=ops, failure=verdict.failure)
 
 
-def shrink_saved(path: str, cache_factory: CacheFactory, check: str, trace_dir: str) -> str:
+def shrink_saved(path: str, cache_factory: CacheFactory, check: str, trace_dir: str) -> Optional[str]:
     """Shrink the failing trace saved at `path` and save the result in its place; returns the
-    new path."""
-    shrunk = save_trace(shrink_operations(load_trace(path), cache_factory, check), trace_dir)
+    new path, or None when the trace is gone: another worker that failed the same way (the same
+    operations, so the same file name) is shrinking it, and reports it."""
+    try:
+        trace = load_trace(path)
+    except TraceError:
+        if os.path.exists(path):
+            raise
+        return None
+    shrunk = save_trace(shrink_operations(trace, cache_factory, check), trace_dir)
     if os.path.abspath(shrunk) != os.path.abspath(path):
-        os.remove(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
     return shrunk
