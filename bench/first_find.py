@@ -54,7 +54,7 @@ def hunt(finding: str, engine: str, impl: str, release: str, seconds: float, dev
         report = fuzz(options, io.StringIO())
         failures = report["failures"]
         first = failures[0] if failures else None
-        length = len(load_trace(first["trace"]).operations) if first else None
+        length = len(load_trace(first["trace"]).operations) if first and first["trace"] else None
     wanted = KNOWN_FINDINGS[finding].check
     return FirstFind(
         finding=finding,
