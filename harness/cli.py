@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--report", default=None, help="write a JSON report here")
     fz.add_argument("--engine", default="hypothesis", help="hypothesis (default) or random")
     fz.add_argument("--workers", type=int, default=None, help="processes sharing the database (default: one per core)")
-    fz.add_argument("--fail-fast", action="store_true", help="stop at the first failure")
+    fz.add_argument("--fail-fast", action="store_true",
+                    help="stop at the first failure (else a failed configuration leaves the rotation and the others go on)")
     fz.add_argument("--trace-dir", default=None, help="where failure traces go (default tests/regressions/pending)")
     fz.add_argument("--set-aside", action="append", default=[], metavar="FINDING",
                     help="a known finding of the release under test to set aside (repeatable; 'all': every one; see docs/findings.md)")

@@ -108,3 +108,60 @@ def test_a_failure_found_by_one_process_is_replayed_first_by_another(redis_url, 
     second = fuzz("--seconds", "120", "--seed", "12", "--report", str(tmp_path / "b.json"), *common)
     assert second.returncode == 1, second.stdout + second.stderr
     assert json.loads((tmp_path / "b.json").read_text())["first_failure_programs"] == 1
+
+
+def test_without_fail_fast_a_failed_configuration_leaves_the_rotation(tmp_path):
+    """The run ends once every configuration has failed, each reported once per worker, well
+    before the budget (the database would make every later round of it fail the same way)."""
+    report = tmp_path / "report.json"
+    result = fuzz("--seconds", "120", "--engine", "random", "--workers", "1", "--seed", "3",
+                  "--impl", "broken_impls:SplitOffByOne", "--config", "tiny", "--config", "medium",
+                  "--report", str(report), "--trace-dir", str(tmp_path / "traces"), "--profile", "ci")
+    assert result.returncode == 1, result.stdout + result.stderr
+    data = json.loads(report.read_text())
+    assert sorted(f["config"] for f in data["failures"]) == ["medium", "tiny"]
+    assert data["elapsed_seconds"] < 120
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set-aside", "no-such-finding"], "--set-aside: unknown finding 'no-such-finding'"),
+        (["--set-aside", "retract-passes-is-insert"], "--set-aside retract-passes-is-insert: found in ['0.5.4'], not in the release under test"),
+        (["--protocol", "sglang-9.9"], "--protocol must be one of"),
+    ],
+)
+def test_unusable_set_aside_and_protocol_are_refused_with_exit_2(args, message):
+    result = fuzz("--seconds", "1", *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_long_run_of_bounded_pools_does_not_grow_memory():
+    """Programs build their pools and caches, run and drop them: after a warm-up, many more
+    programs leave no more Python memory allocated than a few programs did (a node, a request
+    or a tensor kept alive by the harness or the cache would add up)."""
+    import gc
+    import random
+    import tracemalloc
+
+    from harness.engines.random_engine import random_program
+    from strategies import SCENARIOS
+
+    rng = random.Random(7)
+
+    def run(programs: int) -> None:
+        for _ in range(programs):
+            random_program(SCENARIOS["medium"], ImplCache, rng, 50, "cpu", "/nonexistent")
+        gc.collect()
+
+    run(20)  # warm-up: caches of strategies, lazily built tables, Python's own free lists
+    tracemalloc.start()
+    try:
+        run(10)
+        settled = tracemalloc.get_traced_memory()[0]
+        run(200)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert after - settled < 256 * 1024, f"{after - settled} bytes more after 200 more programs"

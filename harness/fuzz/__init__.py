@@ -5,8 +5,9 @@ Two engines share the operation chooser (`harness.program`) and every check:
               with an example database (a directory, or `redis://host:port/n` shared by runners);
   random      seeded random programs (`harness.engines.random_engine`) without Hypothesis'
               per-step overhead; a failing program is shrunk by delta debugging.
-Failures become trace files; the run goes on with the other configurations until the budget
-ends unless `fail_fast`. `workers` processes share the database (`harness.fuzz.workers`).
+Failures become trace files; a configuration that failed leaves the rotation (its next rounds
+would find the same failure again) and the run goes on with the others until the budget ends,
+or every configuration has failed, unless `fail_fast`. `workers` processes share the database (`harness.fuzz.workers`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import sys
 from typing import Any, Dict, TextIO
 
 import impl
-from harness.caches import cache_factory
+from harness.caches import cache_factory, cache_release
+from harness.findings import KNOWN_FINDINGS
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.report import build_report, write_report
 from harness.fuzz.rounds import run_single
@@ -44,6 +46,12 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         f"fuzz: {report['programs']} programs, {report['steps']} steps ({report['steps_per_second']}/s), "
         f"{len(report['failures'])} failure(s), peak memory {report['peak_rss_mib']} MiB\n"
     )
+    known = [f.name for f in KNOWN_FINDINGS.values() if cache_release(factory) in f.releases]
+    if report["failures"] and known and not options.set_aside:
+        out.write(
+            f"fuzz: this release has {len(known)} known findings (docs/findings.md); "
+            f"--set-aside all looks past them for others\n"
+        )
     return report
 
 

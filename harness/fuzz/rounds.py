@@ -39,10 +39,9 @@ def record_failure(stats: Stats, config_name: str, check: str, message: str, pat
         out.write(f"fuzz: trace {path}\nfuzz: replay with: python -m harness replay {path}\n")
 
 
-def hypothesis_round(options: FuzzOptions, factory, scenario_name: str, round_no: int, stats: Stats, database, out: TextIO) -> bool:
-    """Five state-machine examples of one configuration; False if one failed."""
-    machine = machine_for(SCENARIOS[scenario_name], factory, options.device, stats.record,
-                          trace_dir=options.trace_dir, protocol=options.protocol, set_aside=options.known_findings())
+def hypothesis_round(options: FuzzOptions, factory, machine, scenario_name: str, round_no: int, stats: Stats, database,
+                     out: TextIO) -> bool:
+    """Five state-machine examples of one configuration's machine; False if one failed."""
     if options.seed is not None:
         machine._hypothesis_internal_use_seed = options.seed * 1_000_003 + round_no
     budget = settings(
@@ -67,11 +66,12 @@ def hypothesis_round(options: FuzzOptions, factory, scenario_name: str, round_no
     return True
 
 
-def random_round(options: FuzzOptions, factory, scenario_name: str, rng: random.Random, steps: int, stats: Stats, out: TextIO) -> bool:
+def random_round(options: FuzzOptions, factory, scenario_name: str, rng: random.Random, steps: int, stats: Stats,
+                 set_aside, out: TextIO) -> bool:
     """One random program of one configuration; False if it failed."""
     try:
         random_program(SCENARIOS[scenario_name], factory, rng, steps, options.device, options.trace_dir, stats.record,
-                       options.protocol, options.known_findings())
+                       options.protocol, set_aside)
     except ProgramFailed as failed:
         record_failure(stats, scenario_name, failed.check, failed.message, failed.path, out)
         return False
@@ -100,22 +100,35 @@ def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None) 
     stats.on_tick = tick
     database = open_database(options.db) if options.engine == "hypothesis" else None
     rng = random.Random(None if options.seed is None else options.seed * 7919 + worker)
+    set_aside = options.known_findings()
+    # one machine class per configuration for the whole run: Hypothesis keeps what it learns of a
+    # machine class (its rules) for as long as the process lives, so a class a round would grow it
+    machines = {
+        name: machine_for(SCENARIOS[name], factory, options.device, stats.record, trace_dir=options.trace_dir,
+                          protocol=options.protocol, set_aside=set_aside)
+        for name in options.configs
+    } if options.engine == "hypothesis" else {}
     steps = settings.get_profile(options.profile).stateful_step_count
     round_no = worker
     started = time.monotonic()
     rss_after_first_round = None
-    while time.monotonic() < deadline:
-        name = options.configs[round_no % len(options.configs)]
+    # a configuration that failed leaves the rotation: its next rounds would only find the same
+    # failure again (the example database replays it first)
+    configs = list(options.configs)
+    while configs and time.monotonic() < deadline:
+        name = configs[round_no % len(configs)]
         if options.engine == "hypothesis":
-            ok = hypothesis_round(options, factory, name, round_no, stats, database, out)
+            ok = hypothesis_round(options, factory, machines[name], name, round_no, stats, database, out)
         else:
-            ok = random_round(options, factory, name, rng, steps, stats, out)
+            ok = random_round(options, factory, name, rng, steps, stats, set_aside, out)
         round_no += 1
         if rss_after_first_round is None:
             rss_after_first_round = peak_rss_mib()
         tick()
-        if not ok and options.fail_fast:
-            break
+        if not ok:
+            if options.fail_fast:
+                break
+            configs.remove(name)
     elapsed = time.monotonic() - started
     if progress is not None:
         progress.show(stats.programs, stats.steps, len(stats.failures), final=True)
