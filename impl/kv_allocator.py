@@ -7,10 +7,11 @@ and read, so a test can tell whose data a slot holds.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 
+from impl.errors import CacheMisuseError
 from impl.free_list import FreeList
 from impl.slot_ledger import SlotLedger, as_device, debug_default
 
@@ -104,8 +105,16 @@ class TokenToKVPoolAllocator:
             self.merge_and_sort_free()
         return self._free.take(need_size, None if self._ledger is None else self._ledger.on_alloc)
 
-    def free(self, free_index: torch.Tensor) -> None:
-        """Return slots to the pool (deferred while a free group is open)."""
+    def free(self, free_index: Union[torch.Tensor, Sequence[int]]) -> None:
+        """Return slots to the pool (deferred while a free group is open): an integer tensor or a
+        sequence of ints; anything else is `CacheMisuseError`."""
+        if not isinstance(free_index, torch.Tensor):
+            try:
+                free_index = torch.as_tensor(free_index, dtype=torch.int64, device=self.device)
+            except (TypeError, ValueError, RuntimeError):
+                raise CacheMisuseError(f"free: expected slot indices, got {free_index!r}") from None
+        elif free_index.is_floating_point() or free_index.is_complex() or free_index.dtype is torch.bool:
+            raise CacheMisuseError(f"free: slot indices must be integers, got a {free_index.dtype} tensor")
         if free_index.numel() == 0:
             return
         if not self.is_not_in_free_group:
@@ -134,8 +143,10 @@ class TokenToKVPoolAllocator:
             self.free(torch.cat(self.free_group))
         self.free_group = []
 
+    @property
     def free_slots(self) -> torch.Tensor:
-        """Every slot free right now, in hand-out order (for checks)."""
+        """Every slot free right now, in hand-out order (for checks; read-only, spelt as
+        `MambaPool.free_slots`)."""
         return torch.cat((self._free.slots(), self._released.slots()))
 
     def write_payload(self, indices: torch.Tensor, values: torch.Tensor) -> None:

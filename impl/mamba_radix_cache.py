@@ -8,6 +8,7 @@ and that misuse raises `CacheMisuseError` before anything changes.
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
@@ -31,6 +32,18 @@ class MatchResult(NamedTuple):
 
 class CacheInvariantError(AssertionError):
     """`sanity_check` found the tree, its LRU lists or its size counters inconsistent."""
+
+
+def _count(value: Any, method: str) -> int:
+    """`value` as a non-negative int (an integer of any type: numpy's, a 0-d tensor's), else
+    `CacheMisuseError` naming it."""
+    try:
+        count = -1 if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = -1
+    if count < 0:
+        raise CacheMisuseError(f"{method}: expected a non-negative number of slots, got {value!r}")
+    return count
 
 
 def _is_evictable_leaf(node: TreeNode) -> bool:
@@ -60,13 +73,16 @@ class MambaRadixCache:
             raise CacheMisuseError(
                 f"MambaRadixCache supports only page_size=1, got page_size={page_size!r}"
             )
+        if req_to_token_pool is None or token_to_kv_pool_allocator is None:
+            raise CacheMisuseError(
+                "MambaRadixCache needs a request-to-token pool and a KV allocator, got "
+                f"req_to_token_pool={req_to_token_pool!r}, token_to_kv_pool_allocator={token_to_kv_pool_allocator!r}"
+            )
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.disable = disable
-        self.device = (
-            token_to_kv_pool_allocator.device if token_to_kv_pool_allocator else torch.device("cpu")
-        )
+        self.device = token_to_kv_pool_allocator.device
         self.reset()
 
     # ----- public API -------------------------------------------------------------------------
@@ -147,6 +163,11 @@ class MambaRadixCache:
             raise CacheMisuseError(
                 f"insert: mamba_value must hold exactly one Mamba slot, got {len(mamba_value)}"
             )
+        for name, tensor in (("value", value), ("mamba_value", mamba_value)):
+            if not isinstance(tensor, torch.Tensor) or tensor.is_floating_point() or tensor.is_complex() or tensor.dtype is torch.bool:
+                raise CacheMisuseError(
+                    f"insert: {name} must be an integer index tensor, got {getattr(tensor, 'dtype', type(tensor).__name__)}"
+                )
         if self.disable:
             return 0, False
         # the tree keeps copies of its own: the caller may reuse its tensors
@@ -258,7 +279,8 @@ class MambaRadixCache:
         Evicts least recently used unlocked leaves, each with every tombstone ancestor that it
         leaves as an unlocked leaf, until enough tokens are freed.
         """
-        if self.disable or full_num_tokens <= 0:
+        full_num_tokens = _count(full_num_tokens, "evict")
+        if self.disable or full_num_tokens == 0:
             return
         kv_freed: List[torch.Tensor] = []
         mamba_freed: List[torch.Tensor] = []
@@ -276,7 +298,8 @@ class MambaRadixCache:
         Takes the least recently used Mamba holder whose state is unlocked: an internal node
         becomes a tombstone; a leaf is evicted whole, with its tombstone ancestors.
         """
-        if self.disable or mamba_num <= 0:
+        mamba_num = _count(mamba_num, "evict_mamba")
+        if self.disable or mamba_num == 0:
             return
         kv_freed: List[torch.Tensor] = []
         mamba_freed: List[torch.Tensor] = []

@@ -22,6 +22,9 @@ def _as_token_list(token_ids: Sequence[int]) -> list[int]:
             f"RadixKey token_ids must be a sequence of ints, got {token_ids!r}"
         ) from None
     if set(map(type, items)) <= _PLAIN_INT:
+        if items and min(items) < 0:
+            position = next(i for i, token in enumerate(items) if token < 0)
+            raise CacheMisuseError(f"RadixKey token {items[position]!r} at position {position} is negative")
         return items
     tokens = []
     for position, token in enumerate(items):
@@ -35,19 +38,26 @@ def _as_token_list(token_ids: Sequence[int]) -> list[int]:
             raise CacheMisuseError(
                 f"RadixKey token {token!r} at position {position} is not an integer"
             ) from None
+        if tokens[-1] < 0:
+            raise CacheMisuseError(f"RadixKey token {token!r} at position {position} is negative")
     return tokens
 
 
 class RadixKey:
     """Token ids with an optional `extra_key` namespace; slicing keeps the namespace.
 
-    Construction validates that every token is an integer (`CacheMisuseError` otherwise).
+    Construction validates that every token is a non-negative integer and that `extra_key` is
+    hashable (`CacheMisuseError` otherwise).
     """
 
     __slots__ = ("token_ids", "extra_key")
 
     def __init__(self, token_ids: Sequence[int], extra_key: Optional[Hashable] = None):
         self.token_ids = _as_token_list(token_ids)
+        try:
+            hash(extra_key)
+        except TypeError:
+            raise CacheMisuseError(f"RadixKey extra_key must be hashable, got {extra_key!r}") from None
         self.extra_key = extra_key
 
     @classmethod

@@ -91,6 +91,8 @@ def as_device(device) -> torch.device:
         resolved = torch.device(device)
     except (TypeError, RuntimeError):
         raise ValueError(f"not a torch device: {device!r}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available here")
     if resolved.type == "cuda" and resolved.index is None:
         resolved = torch.device("cuda", torch.cuda.current_device())
     return resolved

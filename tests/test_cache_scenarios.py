@@ -17,6 +17,7 @@ from impl import (
     MambaRadixCache,
     RadixKey,
     Req,
+    SlotError,
     TokenToKVPoolAllocator,
 )
 
@@ -429,6 +430,15 @@ def test_scheduler_evicts_on_shortage_then_allocates(device):
         (lambda s, n: s.cache.match_prefix([1, 2]), r"expected a RadixKey, got list"),
         (lambda s, n: s.cache.match_prefix(RadixKey([1]), cow_mamba=True), r"needs req="),
         (lambda s, n: s.cache.inc_lock_ref("node"), r"inc_lock_ref on a node that is not in the tree: 'node'"),
+        (lambda s, n: s.cache.evict(2.5), r"evict: expected a non-negative number of slots, got 2.5"),
+        (lambda s, n: s.cache.evict(-5), r"evict: expected a non-negative number of slots, got -5"),
+        (lambda s, n: s.cache.evict_mamba(-5), r"evict_mamba: expected a non-negative number of slots, got -5"),
+        (lambda s, n: s.cache.evict_mamba(True), r"evict_mamba: expected a non-negative number of slots, got True"),
+        (lambda s, n: s.cache.insert(RadixKey([7, 8]), torch.tensor([1.0, 2.0]), torch.tensor([0])),
+         r"value must be an integer index tensor, got torch.float32"),
+        (lambda s, n: s.cache.insert(RadixKey([7]), torch.tensor([1]), torch.tensor([0.5])),
+         r"mamba_value must be an integer index tensor, got torch.float32"),
+        (lambda s, n: s.kv.free([63]), None),
     ],
 )
 def test_misuse_is_refused_and_changes_nothing(s, call, message):
@@ -436,8 +446,12 @@ def test_misuse_is_refused_and_changes_nothing(s, call, message):
     s.cache.match_prefix(RadixKey([1, 2, 5]))
     node = s.cache.root_node.children[1].children[3]
     before = (s.shape(), s.sizes(), s.lru("full"), s.lru("mamba"), s.free_counts())
-    with pytest.raises(CacheMisuseError, match=message):
-        call(s, node)
+    if message is None:  # a pool's misuse: SlotError, naming the slot
+        with pytest.raises(SlotError, match=r"slot\(s\) \[63\] outside"):
+            call(s, node)
+    else:
+        with pytest.raises(CacheMisuseError, match=message):
+            call(s, node)
     assert (s.shape(), s.sizes(), s.lru("full"), s.lru("mamba"), s.free_counts()) == before
 
 
@@ -467,11 +481,23 @@ def test_evicted_node_is_refused_by_lock_calls(s):
         ([1.5], r"token 1.5 at position 0 is not an integer"),
         ([True], r"token True at position 0 is a bool"),
         (7, r"must be a sequence of ints, got 7"),
+        ([-1, 2], r"token -1 at position 0 is negative"),
+        ([3, torch.tensor(-2)], r"token tensor\(-2\) at position 1 is negative"),
     ],
 )
 def test_radix_key_refuses_non_integer_tokens(tokens, message):
     with pytest.raises(CacheMisuseError, match=message):
         RadixKey(tokens)
+
+
+def test_radix_key_refuses_an_unhashable_extra_key():
+    with pytest.raises(CacheMisuseError, match=r"extra_key must be hashable, got \[1\]"):
+        RadixKey([1], extra_key=[1])
+
+
+def test_a_cache_without_its_pools_is_refused():
+    with pytest.raises(CacheMisuseError, match="needs a request-to-token pool and a KV allocator"):
+        MambaRadixCache(None, None)
 
 
 def test_radix_key_accepts_integer_like_tokens_and_slices_keep_the_namespace():

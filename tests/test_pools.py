@@ -43,10 +43,10 @@ def test_kv_free_returns_slots_to_the_tail(device):
 def test_kv_debug_refuses_bad_frees_and_changes_nothing(device, bad, message):
     kv = TokenToKVPoolAllocator(4, device=device, debug=True)
     kv.alloc(1)
-    before = kv.free_slots().tolist()
+    before = kv.free_slots.tolist()
     with pytest.raises(SlotError, match=message):
         kv.free(torch.tensor(bad, device=device))
-    assert kv.free_slots().tolist() == before
+    assert kv.free_slots.tolist() == before
 
 
 def test_kv_debug_refuses_double_free_across_calls(device):
@@ -82,10 +82,17 @@ def test_a_bare_cuda_device_names_the_current_one(monkeypatch):
     # a cuda tensor reports cuda:N, and torch.device("cuda") != torch.device("cuda:0")
     from impl.slot_ledger import as_device
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     assert as_device("cuda") == torch.device("cuda", 3)
     assert as_device("cuda:1") == torch.device("cuda", 1)
     assert as_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_a_cuda_pool_without_cuda_is_refused_naming_the_device():
+    with pytest.raises(ValueError, match="device 'cuda': CUDA is not available here"):
+        TokenToKVPoolAllocator(8, device="cuda")
 
 
 def test_kv_need_sort_merges_released_slots_sorted(device):

@@ -81,7 +81,7 @@ class ImplCache(CacheUnderTest):
         return [tensor for free in lists for tensor in (free._head, *free._tail)]
 
     def kv_free_slots(self) -> List[int]:
-        return self.kv.free_slots().tolist()
+        return self.kv.free_slots.tolist()
 
     def format_tree(self) -> str:
         return self.cache.format_tree()
