@@ -20,11 +20,10 @@ from hypothesis import settings
 from harness.caches import cache_factory
 from harness.caches.sglang_loader import sglang_unavailable
 from harness.devices import check_device
-from harness.profiles import register_profiles
+from harness.profiles import PROFILES, register_profiles
 from harness.protocols import protocol_class
 
 register_profiles()
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
 def pytest_addoption(parser):
@@ -45,7 +44,15 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    """Check every option before Hypothesis' own plugin loads a profile (an unknown one there is
+    an INTERNALERROR): one line naming the option and the value."""
+    env_profile = os.environ.get("HYPOTHESIS_PROFILE")
+    for source, name in (("HYPOTHESIS_PROFILE", env_profile), ("--hypothesis-profile", config.getoption("hypothesis_profile", None))):
+        if name is not None and name not in PROFILES:
+            raise pytest.UsageError(f"{source}={name}: unknown Hypothesis profile; known: {', '.join(PROFILES)}")
+    settings.load_profile(env_profile or ("ci" if os.environ.get("CI") else "dev"))
     try:
         check_device(config.getoption("--device"))
         cache_factory(config.getoption("--cache-impl"))

@@ -14,13 +14,23 @@ def write_json(path: str, data: Any) -> None:
 
 def parse_with_device(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
     """Parse `argv` with each benchmark's `--device` option added (default cuda when available,
-    else cpu); a device this machine cannot use is a usage error naming it (exit status 2)."""
+    else cpu); a device this machine cannot use, or a `--json` file that cannot be written, is a
+    usage error naming it (exit status 2), found before any work starts."""
     from harness.devices import best_device, check_device
 
     parser.add_argument("--device", default=best_device(), help="torch device (default cuda when available, else cpu)")
     args = parser.parse_args(argv)
     try:
         check_device(args.device)
+        check_json(args)
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def check_json(args: argparse.Namespace) -> None:
+    """Raise ValueError unless the command's `--json` file (if any) can be written."""
+    from harness.outputs import check_output_file
+
+    if getattr(args, "json", None):
+        check_output_file("--json", args.json)

@@ -8,7 +8,6 @@ Each round runs the Hypothesis engine, then the random engine, for the same budg
 
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
 import sys
@@ -19,6 +18,7 @@ from bench import parse_with_device, write_json
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.rounds import run_single
 from harness.profiles import register_profiles
+from harness.usage import CommandParser
 
 ENGINES = ("hypothesis", "random")
 
@@ -51,7 +51,7 @@ def measure(rounds: int, seconds: float, configs: List[str], profile: str, impl:
 
 
 def main(argv: List[str] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.engines", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m bench.engines", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--config", action="append", help="configuration(s) (default medium)")

@@ -13,7 +13,6 @@ reported as such. Exit status 0 when every finding was found by every engine, 1 
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
 import tempfile
@@ -25,7 +24,9 @@ from harness.caches import cache_factory, cache_release
 from harness.findings import KNOWN_FINDINGS
 from harness.fuzz import FuzzOptions, fuzz
 from harness.fuzz.options import ENGINES
+from harness.outputs import check_output_dir
 from harness.trace import load_trace
+from harness.usage import CommandParser
 
 
 @dataclass
@@ -85,7 +86,7 @@ def _figure(value) -> str:
 
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.first_find", description="time to first find each known finding")
+    parser = CommandParser(prog="python -m bench.first_find", description="time to first find each known finding")
     parser.add_argument("--impl", default="sglang", help="the cache under test (default sglang: the installed release)")
     parser.add_argument("--engine", action="append", choices=ENGINES, help="engine (repeatable; default both)")
     parser.add_argument("--only", action="append", metavar="NAME", help="only this finding (repeatable)")
@@ -93,6 +94,11 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--trace-dir", default=None, help="keep each first failure's trace here")
     args = parse_with_device(parser, argv)
+    if args.trace_dir:
+        try:
+            check_output_dir("--trace-dir", args.trace_dir)
+        except ValueError as exc:
+            parser.error(str(exc))
     try:
         release = cache_release(cache_factory(args.impl))
     except ValueError as exc:

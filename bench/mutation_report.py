@@ -15,7 +15,6 @@ Prints the counts and writes the list, one line per mutant with its diff, as Mar
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import re
@@ -23,7 +22,9 @@ import sys
 from collections import Counter
 from typing import Dict, List, Optional, Tuple
 
-from bench import write_json
+from bench import check_json, write_json
+from harness.outputs import check_output_file
+from harness.usage import CommandParser
 
 _STRING = re.compile(r"""[rbfu]*("([^"\\]|\\.)*"|'([^'\\]|\\.)*')""")
 KINDS = ("behaviour", "validation", "message", "default", "not reached")
@@ -134,11 +135,16 @@ def markdown(rows: List[Dict[str, str]], totals: Dict[str, object]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mutation_report", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m bench.mutation_report", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/mutation-survivors.md", help="the Markdown list (default docs/mutation-survivors.md)")
     parser.add_argument("--only", nargs="+", metavar="PATTERN", help="only mutants whose names match (fnmatch)")
     parser.add_argument("--json", help="also write every mutant's status (and kind) to this file")
     args = parser.parse_args(argv)
+    try:
+        check_output_file("--out", args.out)
+        check_json(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     rows = collect(args.only)
     if not rows:
         parser.error("no mutmut results under mutants/: run `mutmut run` first")

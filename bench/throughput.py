@@ -16,7 +16,6 @@ driver (their time is not counted). Prints steps/s, the ratios, and the mean tre
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
@@ -36,6 +35,7 @@ from harness.program import OperationChooser
 from strategies import SCENARIOS, Scenario
 from strategies.draws import RandomDraws
 from strategies.scenarios import weighted_operations
+from harness.usage import CommandParser
 
 STEPS_PER_PROGRAM = 50
 
@@ -207,7 +207,7 @@ def measure(sizes: List[str], device: str, seconds: float, seed: int) -> List[Di
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m bench.throughput", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="budget of each run (default 10)")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--seed", type=int, default=1)

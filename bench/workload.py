@@ -21,7 +21,6 @@ built as `harness.caches.sglang_0_5_4` builds it (reading the real clock). Witho
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import statistics
@@ -35,6 +34,7 @@ import torch
 
 import impl
 from bench import parse_with_device, write_json
+from harness.usage import CommandParser
 from strategies.config import CacheConfig
 
 
@@ -358,7 +358,7 @@ def available_caches(requested: Optional[List[str]]) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.workload", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m bench.workload", description=__doc__.splitlines()[0])
     parser.add_argument("--caches", nargs="+", choices=("impl", "sglang"), help="default: impl, and sglang when installed")
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=9, help="serve the workload this many times through each cache (default 9)")

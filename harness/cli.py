@@ -7,8 +7,10 @@
        [--to-pytest]
 
 Exit status: 0 when the fuzz found nothing / the trace replays with every check passing, 1 when
-something failed (the report says where and why), 2 when the command or a file is unusable.
-With no arguments, `python -m harness` runs a one-minute fuzz (the main job).
+something failed (the report says where and why), 2 when the command or a file is unusable (one
+line on stderr, before any work), 130 / 143 when SIGINT / SIGTERM stopped a fuzz (its summary and
+report are written, marked `interrupted`).
+With no arguments, `python -m harness` runs `fuzz` with its defaults (the main job), as --help says.
 The seeded-bug hunt is `python -m bench.mutants`.
 """
 
@@ -16,15 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import List, Optional, TextIO
 
 from harness.caches import cache_factory
 from harness.checks import InvariantViolation
+from harness.devices import check_device
+from harness.fuzz.stop import EXIT_STATUS
 from harness.pairing import Divergence, ReleaseRaised
+from harness.profiles import PROFILES
 from harness.protocols import PROTOCOLS, protocol_class
 from harness.trace import Trace, TraceError, Verdict, load_trace, replay, replay_protocol
+from harness.usage import CommandParser
+from strategies import SCENARIOS
 
 
 class UsageError(Exception):
@@ -72,12 +80,27 @@ def to_pytest(trace: Trace, name: str, protocol: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def replay_device(requested: Optional[str], recorded: str) -> str:
+    """The device a replay runs on: the one asked for (checked), else the trace's; a trace
+    recorded on a device this machine lacks replays on `cpu`, with a note on stderr."""
+    if requested is not None:
+        check_device(requested)
+        return requested
+    try:
+        check_device(recorded)
+    except ValueError:
+        print(f"note: the trace was recorded on {recorded}, which this machine lacks; replaying on cpu", file=sys.stderr)
+        return "cpu"
+    return recorded
+
+
 def run_replay(args, out: TextIO) -> int:
     trace = load_trace(args.file)
     try:
         factory = cache_factory(args.impl)
         if args.protocol is not None:
             protocol_class(args.protocol)
+        device = replay_device(args.device, trace.config.device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     protocol = replay_protocol(trace, factory, args.protocol)
@@ -94,9 +117,9 @@ def run_replay(args, out: TextIO) -> int:
 
     out.write(
         f"replaying {args.file}: {len(trace.operations)} operations against {args.impl} under the {protocol} "
-        f"scheduler on {args.device or trace.config.device}\n"
+        f"scheduler on {device}\n"
     )
-    verdict = replay(trace, factory, device=args.device, protocol=protocol, on_step=show, source=args.file)
+    verdict = replay(trace, factory, device=device, protocol=protocol, on_step=show, source=args.file)
     if verdict.ok:
         out.write(f"OK: all {verdict.steps_run} operations replayed, every check held\n")
         return 0
@@ -109,7 +132,6 @@ def run_replay(args, out: TextIO) -> int:
 
 def run_fuzz(args, out: TextIO) -> int:
     from harness.fuzz import FuzzOptions, fuzz
-    from strategies import SCENARIOS
 
     seconds = args.seconds if args.seconds is not None else 60.0 * (args.minutes if args.minutes is not None else 1.0)
     options = FuzzOptions(
@@ -134,29 +156,50 @@ def run_fuzz(args, out: TextIO) -> int:
         report = fuzz(options, out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if report["interrupted"]:
+        return EXIT_STATUS[report["interrupted"]]
     return 1 if report["failures"] else 0
+
+
+def _budget(text: str) -> float:
+    """An argparse type: a positive, finite number (of minutes or seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number, got {text!r}")
+    return value
 
 
 IMPL_HELP = "impl (default), sglang (SGLang's own cache, when installed) or MODULE:CLASS, a subclass of impl's MambaRadixCache"
 PROTOCOL_HELP = f"scheduler protocol, one of {sorted(PROTOCOLS)} (default: the cache's own: contract for impl, the release's for sglang)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description="Hybrid radix cache harness")
+def build_parser() -> CommandParser:
+    parser = CommandParser(
+        prog="python -m harness",
+        description="Hybrid radix cache harness. With no command: `fuzz` with its defaults (the main job: "
+        "one minute, impl against the model, one worker per core).",
+    )
     sub = parser.add_subparsers(dest="command")
-    fz = sub.add_parser("fuzz", help="fuzz a cache against the model for a time budget (the main job)")
+    fz = sub.add_parser("fuzz", help="fuzz a cache against the model for a time budget (the main job)",
+                        description="Fuzz a cache against the model. Exit 0: no failure; 1: failures (each with "
+                        "its trace); 2: unusable options.")
     budget = fz.add_mutually_exclusive_group()
-    budget.add_argument("--minutes", type=float, help="time budget in minutes (default 1)")
-    budget.add_argument("--seconds", type=float, help="time budget in seconds")
+    budget.add_argument("--minutes", type=_budget, help="time budget in minutes (default 1)")
+    budget.add_argument("--seconds", type=_budget, help="time budget in seconds")
     fz.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     fz.add_argument("--impl", default="impl", help=IMPL_HELP)
     fz.add_argument("--protocol", default=None, help=PROTOCOL_HELP)
-    fz.add_argument("--profile", default="nightly", help="Hypothesis profile for program length (dev, ci, nightly, mutation)")
-    fz.add_argument("--config", action="append", help="configuration to fuzz (repeatable; default: rotate through all)")
+    fz.add_argument("--profile", default="nightly", choices=PROFILES,
+                    help="Hypothesis profile, for the program length (default nightly)")
+    fz.add_argument("--config", action="append", choices=sorted(SCENARIOS), metavar="CONFIG",
+                    help=f"configuration to fuzz (repeatable; default: rotate through all of {', '.join(sorted(SCENARIOS))})")
     fz.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
     fz.add_argument("--db", default=None, help="example database: a directory (default .hypothesis/fuzz) or redis://host:port/n")
     fz.add_argument("--report", default=None, help="write a JSON report here")
-    fz.add_argument("--engine", default="hypothesis", help="hypothesis (default) or random")
+    fz.add_argument("--engine", default="hypothesis", choices=("hypothesis", "random"), help="the engine (default hypothesis)")
     fz.add_argument("--workers", type=int, default=None, help="processes sharing the database (default: one per core)")
     fz.add_argument("--fail-fast", action="store_true",
                     help="stop at the first failure (else a failed configuration leaves the rotation and the others go on)")
@@ -183,3 +226,6 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     except (TraceError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a replay, or a fuzz before it took over SIGINT
+        print("interrupted", file=sys.stderr)
+        return EXIT_STATUS["SIGINT"]

@@ -18,3 +18,5 @@ def check_device(device: str) -> None:
         raise ValueError(f"--device: not a torch device: {device!r}") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine")
+    if kind == "meta":
+        raise ValueError(f"--device {device}: a meta tensor holds no data, and the checks read every slot; use cpu or cuda")

@@ -63,11 +63,6 @@ def test_a_planted_bug_exits_1_with_a_trace_that_replays_to_the_same_failure(eng
     assert replay(failure["trace"]).returncode == 0
 
 
-def test_bad_options_are_refused_with_exit_2(tmp_path):
-    result = fuzz("--seconds", "1", "--config", "enormous")
-    assert result.returncode == 2 and "unknown configuration(s) ['enormous']" in result.stderr
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,3 +182,12 @@ def test_garbage_the_collector_was_paused_over_is_collected_within_the_interval(
     monkeypatch.setattr(driver, "_last_full_collection", float("-inf"))  # the interval has passed
     driver.resume_gc(was_enabled)
     assert alive() is None
+
+
+def test_fuzz_options_given_in_code_are_checked_too():
+    from harness.fuzz import FuzzOptions
+
+    with pytest.raises(ValueError, match=r"--config: unknown configuration\(s\) \['enormous'\]"):
+        FuzzOptions(configs=["enormous"], device="cpu").check()
+    with pytest.raises(ValueError, match="the budget must be a positive, finite number of seconds, got nan"):
+        FuzzOptions(seconds=float("nan"), device="cpu").check()

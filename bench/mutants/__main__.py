@@ -11,7 +11,6 @@ arguments.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import List, Optional, TextIO
@@ -20,10 +19,11 @@ from bench import parse_with_device
 from bench.mutants.catalogue import BY_NAME, MUTANTS
 from bench.mutants.hunt import report
 from harness.profiles import PROFILES
+from harness.usage import CommandParser
 
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mutants", description="hunt the seeded bugs of bench/mutants and print the table")
+    parser = CommandParser(prog="python -m bench.mutants", description="hunt the seeded bugs of bench/mutants and print the table")
     parser.add_argument("--profile", default="ci", choices=PROFILES, help="Hypothesis profile: each configuration's budget (default ci)")
     parser.add_argument("--engine", default="hypothesis", choices=("hypothesis", "random"))
     parser.add_argument("--only", action="append", metavar="NAME", help="hunt only this mutant (repeatable)")

@@ -14,6 +14,7 @@ import functools
 import importlib
 from typing import Callable
 
+from impl import MambaRadixCache
 from harness.caches.base import CacheUnderTest
 from harness.caches.impl import ImplCache
 from strategies.config import CacheConfig
@@ -53,6 +54,8 @@ def cache_factory(name: str) -> CacheFactory:
         cache_class = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"--impl {name}: cannot load it ({exc})") from None
+    if not (isinstance(cache_class, type) and issubclass(cache_class, MambaRadixCache)):
+        raise ValueError(f"--impl {name}: {cache_class!r} is not a subclass of impl's MambaRadixCache")
     return functools.partial(ImplCache, cache_class=cache_class)
 
 

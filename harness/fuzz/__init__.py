@@ -12,7 +12,9 @@ or every configuration has failed, unless `fail_fast`. `workers` processes share
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
+import threading
 from typing import Any, Dict, TextIO
 
 import impl
@@ -21,11 +23,13 @@ from harness.findings import KNOWN_FINDINGS
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.report import build_report, write_report
 from harness.fuzz.rounds import run_single
+from harness.fuzz.stop import StopRequest, stop_on_signals
 from harness.fuzz.workers import run_workers
 
 
 def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
-    """Run the fuzz; returns the report (also written to `options.report` when given)."""
+    """Run the fuzz; returns the report (also written to `options.report` when given). SIGINT or
+    SIGTERM stops it between rounds, with its report (`interrupted` names the signal)."""
     options.check()
     factory = cache_factory(options.impl)
     protocol = options.protocol or getattr(factory, "func", factory).default_protocol
@@ -33,18 +37,22 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         f"fuzz: {options.engine} engine, {options.impl} under the {protocol} scheduler against the model on "
         f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
     )
-    reports = run_workers(options, out) if options.workers > 1 else [run_single(options, out)]
+    ctx = multiprocessing.get_context("spawn")
+    with stop_on_signals(StopRequest(ctx.Event() if options.workers > 1 else threading.Event())) as stop:
+        reports = run_workers(options, out, stop) if options.workers > 1 else [run_single(options, out, stop=stop)]
     versions = {"impl": impl.__version__}
     if options.impl == "sglang":
         from harness.caches.sglang_loader import sglang_version
 
         versions["sglang"] = sglang_version()
     report = build_report(options, reports, versions)
+    report["interrupted"] = stop.signal_name
     if options.report:
         write_report(options.report, report)
+    stopped = f", stopped early by {stop.signal_name}" if stop.signal_name else ""
     out.write(
         f"fuzz: {report['programs']} programs, {report['steps']} steps ({report['steps_per_second']}/s), "
-        f"{len(report['failures'])} failure(s), peak memory {report['peak_rss_mib']} MiB\n"
+        f"{len(report['failures'])} failure(s), peak memory {report['peak_rss_mib']} MiB{stopped}\n"
     )
     known = [f.name for f in KNOWN_FINDINGS.values() if cache_release(factory) in f.releases]
     if report["failures"] and known and not options.set_aside:

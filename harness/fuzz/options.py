@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from harness.caches import cache_factory, cache_release
 from harness.devices import best_device, check_device
+from harness.fuzz.database import check_database
+from harness.outputs import check_output_dir, check_output_file
 from harness.findings import SetAside, set_aside
 from harness.engines.hypothesis_engine import PENDING_DIR
 from harness.profiles import PROFILES
@@ -48,17 +50,17 @@ class FuzzOptions:
             raise ValueError(f"--engine must be hypothesis or random, got {self.engine!r}")
         if self.profile not in PROFILES:
             raise ValueError(f"--profile must be one of {list(PROFILES)}, got {self.profile!r}")
-        if self.seconds <= 0:
-            raise ValueError(f"the budget must be positive, got {self.seconds} seconds")
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"the budget must be a positive, finite number of seconds, got {self.seconds}")
         if self.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
-        if self.db and self.db.startswith("redis://"):
-            try:
-                importlib.import_module("redis")
-            except ImportError:
-                raise ValueError("--db redis://...: the redis package is not installed (pip install redis)") from None
         cache_factory(self.impl)
         self.known_findings()
         if self.protocol is not None:
             protocol_class(self.protocol)
         check_device(self.device)
+        if self.engine == "hypothesis":
+            check_database(self.db)
+        if self.report:
+            check_output_file("--report", self.report)
+        check_output_dir("--trace-dir", self.trace_dir)

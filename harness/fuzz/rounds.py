@@ -83,8 +83,9 @@ def peak_rss_mib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None) -> Dict[str, Any]:
-    """One fuzz process: rotate through the configurations until the budget ends."""
+def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None, stop=None) -> Dict[str, Any]:
+    """One fuzz process: rotate through the configurations until the budget ends, or until
+    `stop` (an event, see `harness.fuzz.stop`) is set."""
     register_profiles()
     factory = cache_factory(options.impl)
     stats = Stats()
@@ -115,7 +116,7 @@ def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None) 
     # a configuration that failed leaves the rotation: its next rounds would only find the same
     # failure again (the example database replays it first)
     configs = list(options.configs)
-    while configs and time.monotonic() < deadline:
+    while configs and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
         name = configs[round_no % len(configs)]
         if options.engine == "hypothesis":
             ok = hypothesis_round(options, factory, machines[name], name, round_no, stats, database, out)

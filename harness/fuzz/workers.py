@@ -10,21 +10,36 @@ from typing import Any, Dict, List, TextIO
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.progress import Progress
 from harness.fuzz.rounds import run_single
+from harness.fuzz.stop import StopRequest, signals_ignored
 
 
-def _worker_main(options: FuzzOptions, worker: int, shared, results) -> None:
-    results.put((worker, run_single(options, sys.stdout, worker, shared)))
+def _worker_main(options: FuzzOptions, worker: int, shared, results, stop) -> None:
+    results.put((worker, run_single(options, sys.stdout, worker, shared, stop)))
 
 
-def run_workers(options: FuzzOptions, out: TextIO) -> List[Dict[str, Any]]:
-    """`options.workers` processes, each with its own share of the rounds."""
+class _Counters:
+    """Each worker's (programs, steps, failures), in shared memory: `counters[worker] = (...)`."""
+
+    def __init__(self, ctx: Any, workers: int):
+        self.array = ctx.Array("q", 3 * workers, lock=False)
+
+    def __setitem__(self, worker: int, values) -> None:
+        self.array[3 * worker:3 * worker + 3] = list(values)
+
+    def totals(self) -> List[int]:
+        return [sum(self.array[k::3]) for k in range(3)]
+
+
+def run_workers(options: FuzzOptions, out: TextIO, stop: StopRequest) -> List[Dict[str, Any]]:
+    """`options.workers` processes, each with its own share of the rounds; they stop early when
+    `stop` is set (they ignore SIGINT and SIGTERM themselves: `harness.fuzz.stop`)."""
     ctx = multiprocessing.get_context("spawn")
-    manager = ctx.Manager()
-    shared = manager.dict({i: (0, 0, 0) for i in range(options.workers)})
+    shared = _Counters(ctx, options.workers)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(options, i, shared, results)) for i in range(options.workers)]
-    for p in procs:
-        p.start()
+    procs = [ctx.Process(target=_worker_main, args=(options, i, shared, results, stop.event)) for i in range(options.workers)]
+    with signals_ignored():
+        for p in procs:
+            p.start()
     progress = Progress(options.seconds, out)
     collected: Dict[int, Dict[str, Any]] = {}
     while len(collected) < len(procs):
@@ -34,8 +49,7 @@ def run_workers(options: FuzzOptions, out: TextIO) -> List[Dict[str, Any]]:
         except queue.Empty:
             if not any(p.is_alive() for p in procs) and results.empty():
                 break
-        totals = [sum(v[k] for v in shared.values()) for k in range(3)]
-        progress.show(*totals)
+        progress.show(*shared.totals())
     for p in procs:
         p.join()
     missing = [i for i in range(options.workers) if i not in collected]
