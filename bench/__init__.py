@@ -2,7 +2,7 @@
 
 import argparse
 import json
-from typing import Any, List, Optional
+from typing import Any, Iterable, List, Optional, Sequence
 
 
 def write_json(path: str, data: Any) -> None:
@@ -10,6 +10,14 @@ def write_json(path: str, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+
+
+def markdown_table(header: Sequence[str], align: str, rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table: `align` has one letter per column, `l` or `r`; None prints as `-`."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join("-" if cell is None else str(cell) for cell in row) + " |")
+    return "\n".join(lines)
 
 
 def parse_with_device(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:

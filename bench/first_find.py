@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import List, Optional, TextIO
 
-from bench import parse_with_device, write_json
+from bench import markdown_table, parse_with_device, write_json
 from harness.caches import cache_factory, cache_release
 from harness.findings import KNOWN_FINDINGS
 from harness.fuzz import FuzzOptions, fuzz
@@ -69,20 +69,11 @@ def hunt(finding: str, engine: str, impl: str, release: str, seconds: float, dev
 
 
 def table(results: List[FirstFind]) -> str:
-    rows = [
-        "| finding | engine | found | first failure (s) | programs | check | shrunk trace (ops) |",
-        "|---|---|---|---:|---:|---|---:|",
-    ]
-    for r in results:
-        rows.append(
-            f"| `{r.finding}` | {r.engine} | {'yes' if r.found else '**NO**'} | {_figure(r.seconds)} | "
-            f"{_figure(r.programs)} | {r.check or '-'} | {_figure(r.trace_operations)} |"
-        )
-    return "\n".join(rows)
-
-
-def _figure(value) -> str:
-    return "-" if value is None else f"{value}"
+    return markdown_table(
+        ("finding", "engine", "found", "first failure (s)", "programs", "check", "shrunk trace (ops)"), "lllrrlr",
+        ((f"`{r.finding}`", r.engine, "yes" if r.found else "**NO**", r.seconds, r.programs, r.check, r.trace_operations)
+         for r in results),
+    )
 
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:

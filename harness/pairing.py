@@ -304,12 +304,14 @@ class PairedCaches:
     # ----- the pools' calls -------------------------------------------------------------------
 
     def kv_alloc(self, n: int) -> Optional[List[int]]:
-        got = self.cut.kv_alloc(n)
-        want = self.model.kv_alloc(n)
+        return self._handed_out(f"token_to_kv_pool_allocator.alloc({n})", self.cut.kv_alloc(n), self.model.kv_alloc(n))
+
+    def _handed_out(self, call: str, got: Optional[torch.Tensor], want: Optional[List[int]]) -> Optional[List[int]]:
+        """The slots a pool's `alloc` handed out: the model's, as int64."""
         got_list = None if got is None else got.tolist()
-        self.agree(f"token_to_kv_pool_allocator.alloc({n})", "the slots handed out", got_list, want)
+        self.agree(call, "the slots handed out", got_list, want)
         if got is not None:
-            self.agree(f"token_to_kv_pool_allocator.alloc({n})", "dtype of the slots", got.dtype, torch.int64)
+            self.agree(call, "dtype of the slots", got.dtype, torch.int64)
         return got_list
 
     def free_group_begin(self) -> None:
@@ -459,13 +461,7 @@ class PairedCaches:
         self.model.free_mamba([slot])
 
     def mamba_alloc(self, n: int) -> Optional[List[int]]:
-        got = self.cut.mamba_alloc(n)
-        want = self.model.mamba_alloc(n)
-        got_list = None if got is None else got.tolist()
-        self.agree(f"mamba_pool.alloc({n})", "the slots handed out", got_list, want)
-        if got is not None:
-            self.agree(f"mamba_pool.alloc({n})", "dtype of the slots", got.dtype, torch.int64)
-        return got_list
+        return self._handed_out(f"mamba_pool.alloc({n})", self.cut.mamba_alloc(n), self.model.mamba_alloc(n))
 
     def compute(self, extra_key: Optional[str], tokens: Sequence[int], kv: Sequence[int], mamba: int) -> None:
         """What a forward pass over `tokens` from nothing writes: their KV slots and a state."""

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import FrozenSet, List, Optional, Sequence
 
-from bench import write_json
+from bench import markdown_table, write_json
 from bench.mutants.catalogue import BY_NAME
 from bench.mutants.patch import applied
 
@@ -138,20 +138,11 @@ def run(names: Sequence[str], engine: str, profile: str, device: str, workers: i
 
 def table(results: Sequence[HuntResult]) -> str:
     """The results as a Markdown table."""
-    rows = [
-        "| mutant | area | caught | check | config | first failure (s) | shrunk trace (ops) |",
-        "|---|---|---|---|---|---:|---:|",
-    ]
-    for r in results:
-        rows.append(
-            f"| `{r.mutant}` | {r.area} | {'yes' if r.caught else '**NO**'} | {r.check or '-'} | "
-            f"{r.config or '-'} | {_figure(r.seconds_to_failure)} | {_figure(r.trace_operations)} |"
-        )
-    return "\n".join(rows)
-
-
-def _figure(value) -> str:
-    return "-" if value is None else f"{value}"
+    return markdown_table(
+        ("mutant", "area", "caught", "check", "config", "first failure (s)", "shrunk trace (ops)"), "lllllrr",
+        ((f"`{r.mutant}`", r.area, "yes" if r.caught else "**NO**", r.check, r.config, r.seconds_to_failure,
+          r.trace_operations) for r in results),
+    )
 
 
 def report(names: Sequence[str], engine: str, profile: str, device: str, workers: int, seed: int,
