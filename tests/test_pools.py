@@ -99,7 +99,7 @@ def test_kv_need_sort_merges_released_slots_sorted(device):
     kv = TokenToKVPoolAllocator(4, device=device, need_sort=True, debug=True)
     got = kv.alloc(4)
     kv.free(got[[3, 1]])
-    assert kv.available_size() == 2 and len(kv.free_pages) == 0
+    assert kv.available_size() == 2 and len(kv.free_pages) == 0 and kv.release_pages.tolist() == [4, 2]
     assert kv.alloc(2).tolist() == [2, 4]
 
 
@@ -398,3 +398,28 @@ def test_kv_free_takes_an_index_of_any_shape():
 def test_req_repr_names_its_slot_and_lengths():
     req = Req(7, [1, 2, 3])
     assert repr(req) == "Req(rid=7, input=3, output=0, req_pool_idx=None, prefix=0)"
+
+
+@pytest.mark.parametrize(
+    "free_index, message",
+    [
+        ("slots", r"free: expected slot indices, got 'slots'"),
+        ([[1, 2], [3]], r"free: expected slot indices, got \[\[1, 2\], \[3\]\]"),
+        (torch.tensor([1.0]), r"free: slot indices must be integers, got a torch.float32 tensor"),
+    ],
+)
+def test_kv_free_refuses_what_is_not_slot_indices(device, free_index, message):
+    from impl import CacheMisuseError
+
+    kv = TokenToKVPoolAllocator(4, device=device, debug=True)
+    taken = kv.alloc(2)
+    with pytest.raises(CacheMisuseError, match=message):
+        kv.free(free_index)
+    assert kv.available_size() == 2 and kv.free_slots.tolist() == [3, 4] and taken.tolist() == [1, 2]
+
+
+def test_kv_free_takes_a_list_of_slots(device):
+    kv = TokenToKVPoolAllocator(4, device=device, debug=True)
+    kv.alloc(2)
+    kv.free([2, 1])
+    assert kv.available_size() == 4
