@@ -8,7 +8,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 reqs="$here/requirements/sglang-$version.txt"
 [ -f "$reqs" ] || { echo "install-sglang: no requirements/sglang-$version.txt (supported: 0.5.4, 0.5.20)" >&2; exit 2; }
 torch_version="$(python -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" || {
-  echo "install-sglang: install torch first (pip install torch==2.13.0)" >&2; exit 2; }
+  echo "install-sglang: install torch first (README, Quick start)" >&2; exit 2; }
 constraints="$(mktemp)"
 echo "torch==$torch_version" > "$constraints"
 python -m pip install --no-deps "sglang==$version"
