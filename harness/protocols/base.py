@@ -69,10 +69,6 @@ class SchedulerProtocol:
                 return req
         raise OperationError("args.rid", f"{operation}: no live request {rid} (live: {[r.rid for r in self.live_requests()]})")
 
-    def idle(self) -> bool:
-        """Whether the scheduler has nothing in flight (a flush would go through)."""
-        raise NotImplementedError
-
     def holdings(self) -> List[RequestHoldings]:
         """What each live request owns and has computed, read from its row in the cache under
         test (after checking the row against the model's)."""

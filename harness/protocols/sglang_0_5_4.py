@@ -165,9 +165,6 @@ class Sglang054Scheduler(SchedulerProtocol):
         held = self.bootstrapping + self.waiting + ([self.chunked] if self.chunked else []) + self.running + self.inflight
         return held + [r for r in self.last_batch or () if r not in held]
 
-    def idle(self) -> bool:
-        return not (self.waiting or self.running or self.bootstrapping)
-
     # ----- arrive -----------------------------------------------------------------------------
 
     def arrive(self, tokens: Sequence[int], extra_key: Optional[str], max_new_tokens: int) -> None:
