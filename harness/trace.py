@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
-from harness.caches import CacheFactory, ImplCache, cache_name, cache_release
+from harness.caches import CacheFactory, ImplCache, cache_class, cache_name, cache_release
 from harness.checks import InvariantViolation
 from harness.driver import Driver, paused_gc
 from harness.findings import KNOWN_FINDINGS, SetAside
@@ -252,9 +252,10 @@ def replay_protocol(trace: Trace, cache_factory: CacheFactory, protocol: Optiona
     0.5.4's scheduler's mistakes)."""
     if protocol is not None:
         return protocol
-    cls = getattr(cache_factory, "func", cache_factory)
     recorder = (trace.impl, trace.impl_version)
-    return trace.protocol if (cache_name(cache_factory), cache_release(cache_factory)) == recorder else cls.default_protocol
+    if (cache_name(cache_factory), cache_release(cache_factory)) == recorder:
+        return trace.protocol
+    return cache_class(cache_factory).default_protocol
 
 
 def replay(

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from harness.caches import cache_name, cache_release
+from harness.caches import cache_class, cache_name, cache_release
 from harness.findings import KNOWN_FINDINGS, set_aside
 from harness.protocols.direct_api import DIRECT_OPERATIONS
 from harness.trace import judge, load_trace, replay
@@ -40,7 +40,7 @@ def replay_problem(path: str, cache_factory, device) -> str:
 @pytest.mark.parametrize("path", TRACES, ids=trace_id)
 def test_trace_replays(path, cache_under_test, device):
     direct = sorted({op["op"] for op in load_trace(path).operations} & set(DIRECT_OPERATIONS))
-    if direct and not getattr(cache_under_test, "func", cache_under_test).direct_api:
+    if direct and not cache_class(cache_under_test).direct_api:
         pytest.skip(f"the trace calls the cache directly ({direct}); only a cache with a direct API takes that")
     problem = replay_problem(path, cache_under_test, device)
     if problem:

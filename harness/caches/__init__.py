@@ -59,9 +59,15 @@ def cache_factory(name: str) -> CacheFactory:
     return functools.partial(ImplCache, cache_class=cache_class)
 
 
+def cache_class(factory: CacheFactory) -> type:
+    """The `CacheUnderTest` class a factory builds (a `MODULE:CLASS` factory is a partial of
+    `ImplCache`), for what the class says without building a cache."""
+    return factory.func if isinstance(factory, functools.partial) else factory
+
+
 def cache_release(factory: CacheFactory) -> str:
     """The version of the code a factory's caches run (impl's, or the installed SGLang's)."""
-    cls = factory.func if isinstance(factory, functools.partial) else factory
+    cls = cache_class(factory)
     if cls.name == "sglang":
         from harness.caches.sglang_loader import sglang_version
 
@@ -71,8 +77,7 @@ def cache_release(factory: CacheFactory) -> str:
 
 def cache_name(factory: CacheFactory) -> str:
     """The name a factory's caches go by (`impl`, `sglang`), without building one."""
-    cls = factory.func if isinstance(factory, functools.partial) else factory
-    return cls.name
+    return cache_class(factory).name
 
 
-__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_factory", "cache_name", "cache_release", "sglang_cache_class"]
+__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_class", "cache_factory", "cache_name", "cache_release", "sglang_cache_class"]

@@ -18,7 +18,7 @@ import threading
 from typing import Any, Dict, TextIO
 
 import impl
-from harness.caches import cache_factory, cache_release
+from harness.caches import cache_class, cache_factory, cache_release
 from harness.findings import KNOWN_FINDINGS
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.report import build_report, write_report
@@ -32,7 +32,7 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     SIGTERM stops it between rounds, with its report (`interrupted` names the signal)."""
     options.check()
     factory = cache_factory(options.impl)
-    protocol = options.protocol or getattr(factory, "func", factory).default_protocol
+    protocol = options.protocol or cache_class(factory).default_protocol
     out.write(
         f"fuzz: {options.engine} engine, {options.impl} under the {protocol} scheduler against the model on "
         f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
