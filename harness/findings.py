@@ -11,7 +11,7 @@ that triggers it is not chosen (`avoids`), or the server settings that reach it 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from strategies.config import SchedulerConfig
 
@@ -24,10 +24,12 @@ class KnownFinding:
     check = ""  # the check it fails
     summary = ""  # one line: what goes wrong
     set_aside = ""  # one line: how a fuzz sets it aside
+    # (check, what): the one instance a check passes over when the finding is set aside
+    tolerated: Optional[Tuple[str, str]] = None
 
     def tolerates(self, check: str, what: str) -> bool:
         """Whether `check` passes over one instance of this finding (`what` names it)."""
-        return False
+        return self.tolerated == (check, what)
 
     def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
         """Whether the operation would trigger this finding and is not to be chosen."""
@@ -48,9 +50,7 @@ class MambaForkViewsFreeList(KnownFinding):
         "keeps a whole free list alive (device memory growing with the tree)"
     )
     set_aside = "own_storage passes over a node's Mamba slot"
-
-    def tolerates(self, check: str, what: str) -> bool:
-        return check == "own_storage" and what == "Mamba slot"
+    tolerated = ("own_storage", "Mamba slot")
 
 
 class FinishedMambaSlotInt32(KnownFinding):
@@ -62,9 +62,7 @@ class FinishedMambaSlotInt32(KnownFinding):
         "tree nodes hold int32 and int64 Mamba slots side by side"
     )
     set_aside = "index_types passes over a node's Mamba slot"
-
-    def tolerates(self, check: str, what: str) -> bool:
-        return check == "index_types" and what == "Mamba slot"
+    tolerated = ("index_types", "Mamba slot")
 
 
 class DisaggChunkedMambaFreed(KnownFinding):
@@ -109,9 +107,7 @@ class RemovedNodesStayLinked(KnownFinding):
         "in turn: evicted nodes, their KV and Mamba index tensors, are freed only by a full collection"
     )
     set_aside = "node_reclaimed passes over evicted nodes that only other nodes' links (LRU pointers, parent, children) reach"
-
-    def tolerates(self, check: str, what: str) -> bool:
-        return check == "node_reclaimed" and what == "node links"
+    tolerated = ("node_reclaimed", "node links")
 
 
 class ResetDropsLinkedTree(KnownFinding):
@@ -124,9 +120,7 @@ class ResetDropsLinkedTree(KnownFinding):
         "by a full collection"
     )
     set_aside = "node_reclaimed passes over nodes of a tree a reset dropped that only other nodes' links reach"
-
-    def tolerates(self, check: str, what: str) -> bool:
-        return check == "node_reclaimed" and what == "a reset tree's links"
+    tolerated = ("node_reclaimed", "a reset tree's links")
 
 
 class RetractPassesIsInsert(KnownFinding):
@@ -156,9 +150,7 @@ class IdleCheckCountsWaitingSlot(KnownFinding):
         "as leaked: ValueError, the scheduler dies"
     )
     set_aside = "the idle check counts Mamba slots held by waiting requests as in use"
-
-    def tolerates(self, check: str, what: str) -> bool:
-        return check == "idle check" and what == "a waiting request's Mamba slot"
+    tolerated = ("idle check", "a waiting request's Mamba slot")
 
 
 class IdleSanityCheckLruOrder(KnownFinding):
