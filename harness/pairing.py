@@ -23,6 +23,7 @@ import torch
 
 from harness import digest
 from harness.caches.base import CacheUnderTest
+from harness.checks.meaning import wrong_slot
 from harness.checks.violation import InvariantViolation
 from reference import ROOT, ModelMambaExhausted, ModelReq, ReferenceCache
 
@@ -252,14 +253,14 @@ class PairedCaches:
         self.agree(call, "last host node", self.cut.path_of(match.last_host_node), last)
         if got and self.check_meaning:
             data = self.cut.kv_data()
-            want = digest.digests(extra_key, tokens[: len(got)])
-            for position, (slot, value) in enumerate(zip(got, want)):
-                if data[slot] != value:
-                    raise InvariantViolation(
-                        "meaning",
-                        f"{call}: matched KV slot {slot} (position {position}) holds {self.name_digest(data[slot])}, "
-                        f"not that of {list(tokens[: position + 1])}",
-                    )
+            wrong = wrong_slot(got, digest.digests(extra_key, tokens[: len(got)]), data)
+            if wrong is not None:
+                position, slot = wrong
+                raise InvariantViolation(
+                    "meaning",
+                    f"{call}: matched KV slot {slot} (position {position}) holds {self.name_digest(data[slot])}, "
+                    f"not that of {list(tokens[: position + 1])}",
+                )
 
     def inc_lock_ref(self, req: Request) -> None:
         self.cut.inc_lock_ref(self.cut.last_node_of(req.cut))

@@ -9,7 +9,7 @@ its path; a live request's row and state those of its own tokens.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from harness import digest
 from harness.checks.memory import RequestHoldings
@@ -17,6 +17,15 @@ from harness.checks.violation import fail, show_path
 from harness.snapshot import Snapshot
 
 Namer = Callable[[Optional[int]], str]
+
+
+def wrong_slot(slots: Sequence[int], values: Sequence[int], kv_data: List[int]) -> Optional[Tuple[int, int]]:
+    """The first (offset, slot) of `slots` whose KV data is not the digest `values` gives for its
+    offset, or None when every one holds its own."""
+    for offset, (slot, value) in enumerate(zip(slots, values)):
+        if kv_data[slot] != value:
+            return offset, slot
+    return None
 
 
 def tree_meaning(snap: Snapshot, kv_data: List[int], states: List[Optional[int]], name: Namer) -> None:
@@ -29,13 +38,14 @@ def tree_meaning(snap: Snapshot, kv_data: List[int], states: List[Optional[int]]
         # parents come first (shorter paths), so the digest of what precedes the segment is known
         values = digest.digests(extra, tokens[start:], None if node.parent is None else known[node.parent])
         known[path] = values[-1]
-        for offset, (slot, value) in enumerate(zip(node.kv, values)):
-            if kv_data[slot] != value:
-                fail(
-                    "meaning",
-                    f"node {show_path(path)}: KV slot {slot} (position {start + offset}) holds {name(kv_data[slot])}, "
-                    f"not that of {list(tokens[: start + offset + 1])}",
-                )
+        wrong = wrong_slot(node.kv, values, kv_data)
+        if wrong is not None:
+            offset, slot = wrong
+            fail(
+                "meaning",
+                f"node {show_path(path)}: KV slot {slot} (position {start + offset}) holds {name(kv_data[slot])}, "
+                f"not that of {list(tokens[: start + offset + 1])}",
+            )
         if node.mamba is not None and states[node.mamba] != known[path]:
             fail(
                 "meaning",
@@ -48,14 +58,14 @@ def request_meaning(requests: List[RequestHoldings], kv_data: List[int], states:
     """Each live request's row holds its own prefix digests, and its state those of its
     processed tokens."""
     for r in requests:
-        values = digest.digests(r.extra_key, r.tokens[: len(r.row)])
-        for position, (slot, value) in enumerate(zip(r.row, values)):
-            if kv_data[slot] != value:
-                fail(
-                    "meaning",
-                    f"request {r.rid}: its row's KV slot {slot} (position {position}) holds {name(kv_data[slot])}, "
-                    f"not that of its tokens {list(r.tokens[: position + 1])}",
-                )
+        wrong = wrong_slot(r.row, digest.digests(r.extra_key, r.tokens[: len(r.row)]), kv_data)
+        if wrong is not None:
+            position, slot = wrong
+            fail(
+                "meaning",
+                f"request {r.rid}: its row's KV slot {slot} (position {position}) holds {name(kv_data[slot])}, "
+                f"not that of its tokens {list(r.tokens[: position + 1])}",
+            )
         if r.mamba is not None and r.state_len:
             want = digest.digest(r.extra_key, r.tokens[: r.state_len])
             if states[r.mamba] != want:
