@@ -156,6 +156,14 @@ class PairedCaches:
             raise Divergence(call, "running out of Mamba slots", f"none left ({cut_exhausted})", "a slot")
         return got, want
 
+    def _digests(self, extra_key: Optional[str], tokens: Tuple[int, ...], start: int) -> List[int]:
+        """The digest of every prefix of `tokens`; those from position `start` on, which a
+        forward pass is about to write, are remembered for `name_digest`."""
+        values = digest.digests(extra_key, tokens)
+        for i in range(start, len(tokens)):
+            self.prefixes[values[i]] = (extra_key, tokens[: i + 1])
+        return values
+
     def name_digest(self, value: Optional[int]) -> str:
         """What a digest is of, when the harness wrote it."""
         if value is None:
@@ -405,9 +413,7 @@ class PairedCaches:
             self.check_state(f"forward pass of request {req.rid}", req, "before resuming")
         if end <= start:
             return
-        values = digest.digests(req.extra_key, tokens[:end])
-        for i in range(start, end):
-            self.prefixes[values[i]] = (req.extra_key, tokens[: i + 1])
+        values = self._digests(req.extra_key, tokens[:end], start)
         row = self.cut.req_rows(end)[self.cut.req_slot_of(req.cut)]
         self.cut.write_kv(row[start:end], values[start:end])
         self.cut.write_state(self.cut.mamba_slot_of(req.cut), values[end - 1])
@@ -466,9 +472,7 @@ class PairedCaches:
 
     def compute(self, extra_key: Optional[str], tokens: Sequence[int], kv: Sequence[int], mamba: int) -> None:
         """What a forward pass over `tokens` from nothing writes: their KV slots and a state."""
-        values = digest.digests(extra_key, tokens)
-        for i, value in enumerate(values):
-            self.prefixes[value] = (extra_key, tuple(tokens[: i + 1]))
+        values = self._digests(extra_key, tuple(tokens), 0)
         self.cut.write_kv(kv, values)
         self.cut.write_state(mamba, values[-1])
 
