@@ -70,18 +70,11 @@ def _explain_ownership(pool: str, universe: range, owners: Dict[str, List[int]])
 def pool_conservation(snap: Snapshot, model: ReferenceCache, requests: List[RequestHoldings]) -> None:
     """Every KV, Mamba and request slot is owned by exactly one of free list, tree, a live
     request; none lost, none twice; slot 0 never used; free lists in the model's order."""
-    nodes = snap.nodes.values()
-    owned = {
-        "KV": snap.kv_free + [s for v in nodes for s in v.kv] + [s for r in requests for s in r.kv],
-        "Mamba": snap.mamba_free
-        + [v.mamba for v in nodes if v.mamba is not None]
-        + [r.mamba for r in requests if r.mamba is not None],
-        "request": snap.req_free + [r.req_slot for r in requests if r.req_slot is not None],
-    }
     universes = {"KV": model.kv_slots, "Mamba": model.mamba_slots, "request": model.req_slots}
-    for pool, slots in owned.items():
-        if sorted(slots) != list(universes[pool]):  # not every slot owned exactly once
-            _explain_ownership(pool, universes[pool], _owners(snap, requests)[pool])
+    for pool, owners in _owners(snap, requests).items():
+        slots = sorted(s for owned in owners.values() for s in owned)
+        if slots != list(universes[pool]):  # not every slot owned exactly once
+            _explain_ownership(pool, universes[pool], owners)
     for pool, got, want in (
         ("KV", snap.kv_free, model.kv_free),
         ("Mamba", snap.mamba_free, model.mamba_free),
