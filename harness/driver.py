@@ -15,16 +15,14 @@ import gc
 import time
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
 
-import torch
-
 from harness.caches import CacheFactory, ImplCache
 from harness.caches.base import storage_of
 from harness.checks import (
     STRUCTURAL_CHECKS,
-    InvariantViolation,
     NodeReclamation,
     index_types,
     own_storage,
+    pool_index_types,
     pool_conservation,
     request_meaning,
     tree_meaning,
@@ -36,7 +34,6 @@ from harness.protocols import protocol_class
 from reference import ReferenceCache
 from strategies.config import CacheConfig, SchedulerConfig
 
-INDEX_DTYPES = {"req_to_token": torch.int32, "req_index_to_mamba_index_mapping": torch.int32}
 # the checks by name; a driver may run fewer (to show which one alone catches a seeded bug)
 # (`handed_tensors`: the tensors handed to the cache are overwritten once their caller is done)
 CHECKS = frozenset(
@@ -140,10 +137,7 @@ class Driver:
             request_meaning(holdings, kv_data, states, self.caches.name_digest)
         tolerate = self.set_aside.tolerates
         if "index_types" in on:
-            for name, dtype in INDEX_DTYPES.items():
-                got = getattr(cut.req_pool, name).dtype
-                if got != dtype:
-                    raise InvariantViolation("index_types", f"{name} holds {got}, not {dtype} (SGLang's dtype)")
+            pool_index_types(cut.req_pool)
             index_types(snap, cut.device, tolerate)
         if "own_storage" in on:
             own_storage(snap, [storage_of(t) for t in cut.free_list_tensors()], storage_of(cut.request_rows()), tolerate)

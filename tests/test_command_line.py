@@ -159,7 +159,7 @@ def test_a_signal_stops_the_fuzz_with_its_summary_and_report(tmp_path, signum, t
     name = signal.Signals(signum).name
     assert proc.returncode == status, out + err
     assert err == "", err
-    assert f"0 failure(s)" in out and f"stopped early by {name}" in out
+    assert "0 failure(s)" in out and f"stopped early by {name}" in out
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["interrupted"] == name and report["steps"] > 0 and report["failures"] == []
     if shutil.which("pgrep"):

@@ -12,7 +12,7 @@ every check reads the cache's own state and recomputes what it promises.
 
 from harness.checks.memory import NodeReclamation, RequestHoldings, pool_conservation
 from harness.checks.meaning import request_meaning, tree_meaning
-from harness.checks.ownership import index_types, own_storage
+from harness.checks.ownership import index_types, own_storage, pool_index_types
 from harness.checks.structure import (
     STRUCTURAL_CHECKS,
     lock_rules,
@@ -34,6 +34,7 @@ __all__ = [
     "no_tombstone_leaf",
     "own_storage",
     "pool_conservation",
+    "pool_index_types",
     "request_meaning",
     "sizes",
     "tree_meaning",

@@ -19,8 +19,7 @@ import types
 import weakref
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from harness.checks.ownership import Tolerate, never
-from harness.checks.violation import fail, show_path
+from harness.checks.violation import Tolerate, fail, never, show_path
 from harness.snapshot import Snapshot
 from reference import ReferenceCache
 

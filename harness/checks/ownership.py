@@ -11,20 +11,23 @@ next request), so a tree that kept the caller's tensor changes and fails the str
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
-from harness.checks.violation import fail, show_path
+from harness.checks.violation import Tolerate, fail, never, show_path
 from harness.snapshot import Snapshot
 
-# `tolerate(check, what)`: whether a known finding is set aside for this instance (see
-# `harness.findings`); by default nothing is
-Tolerate = Callable[[str, str], bool]
+# the request pool's index tensors and SGLang's dtypes for them
+POOL_INDEX_DTYPES = {"req_to_token": torch.int32, "req_index_to_mamba_index_mapping": torch.int32}
 
 
-def never(check: str, what: str) -> bool:
-    return False
+def pool_index_types(req_pool: Any) -> None:
+    """The request pool's index tensors have SGLang's dtypes."""
+    for name, dtype in POOL_INDEX_DTYPES.items():
+        got = getattr(req_pool, name).dtype
+        if got != dtype:
+            fail("index_types", f"{name} holds {got}, not {dtype} (SGLang's dtype)")
 
 
 def index_types(snap: Snapshot, device: torch.device, tolerate: Tolerate = never) -> None:

@@ -1,6 +1,17 @@
-"""`InvariantViolation`: what every check raises, naming itself."""
+"""`InvariantViolation`: what every check raises, naming itself; `Tolerate`: how a check asks
+whether a known finding is set aside."""
 
 from __future__ import annotations
+
+from typing import Callable
+
+# `tolerate(check, what)`: whether a known finding is set aside for this instance (see
+# `harness.findings`); by default nothing is
+Tolerate = Callable[[str, str], bool]
+
+
+def never(check: str, what: str) -> bool:
+    return False
 
 
 class InvariantViolation(AssertionError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 from harness.checks.memory import RequestHoldings
-from harness.checks.ownership import Tolerate, never
+from harness.checks.violation import Tolerate, never
 from harness.operations import OperationError
 from harness.pairing import PairedCaches, Request
 from strategies.config import CacheConfig, SchedulerConfig

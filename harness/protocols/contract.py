@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, List, Tuple
 
-from harness.checks.ownership import never
+from harness.checks.violation import never
 from harness.pairing import Request
 from harness.protocols.direct_api import DIRECT_OPERATIONS, DirectApi
 from harness.protocols.sglang_0_5_4 import PrefillAdder, Sglang054Scheduler

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
-from harness.checks.ownership import never
+from harness.checks.violation import never
 from harness.pairing import ReleaseRaised, Request
 from harness.protocols.base import SchedulerProtocol
 
