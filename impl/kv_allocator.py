@@ -13,7 +13,7 @@ import torch
 
 from impl.errors import CacheMisuseError
 from impl.free_list import FreeList
-from impl.slot_ledger import SlotLedger, as_device, debug_default
+from impl.slot_ledger import SlotLedger, as_device, debug_default, is_index_tensor
 
 RESERVED_KV_SLOT = 0
 
@@ -113,7 +113,7 @@ class TokenToKVPoolAllocator:
                 free_index = torch.as_tensor(free_index, dtype=torch.int64, device=self.device)
             except (TypeError, ValueError, RuntimeError):
                 raise CacheMisuseError(f"free: expected slot indices, got {free_index!r}") from None
-        elif free_index.is_floating_point() or free_index.is_complex() or free_index.dtype is torch.bool:
+        elif not is_index_tensor(free_index):
             raise CacheMisuseError(f"free: slot indices must be integers, got a {free_index.dtype} tensor")
         if free_index.numel() == 0:
             return

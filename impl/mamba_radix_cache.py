@@ -18,6 +18,7 @@ from impl.kv_allocator import TokenToKVPoolAllocator
 from impl.lru_list import LRUList
 from impl.radix_key import RadixKey, child_key, shared_length
 from impl.req_to_token_pool import HybridReqToTokenPool
+from impl.slot_ledger import is_index_tensor
 from impl.tree_node import TreeNode
 
 
@@ -164,7 +165,7 @@ class MambaRadixCache:
                 f"insert: mamba_value must hold exactly one Mamba slot, got {len(mamba_value)}"
             )
         for name, tensor in (("value", value), ("mamba_value", mamba_value)):
-            if not isinstance(tensor, torch.Tensor) or tensor.is_floating_point() or tensor.is_complex() or tensor.dtype is torch.bool:
+            if not is_index_tensor(tensor):
                 raise CacheMisuseError(
                     f"insert: {name} must be an integer index tensor, got {getattr(tensor, 'dtype', type(tensor).__name__)}"
                 )

@@ -21,26 +21,24 @@ def _as_token_list(token_ids: Sequence[int]) -> list[int]:
         raise CacheMisuseError(
             f"RadixKey token_ids must be a sequence of ints, got {token_ids!r}"
         ) from None
-    if set(map(type, items)) <= _PLAIN_INT:
-        if items and min(items) < 0:
-            position = next(i for i, token in enumerate(items) if token < 0)
-            raise CacheMisuseError(f"RadixKey token {items[position]!r} at position {position} is negative")
-        return items
-    tokens = []
-    for position, token in enumerate(items):
-        if isinstance(token, bool):
-            raise CacheMisuseError(
-                f"RadixKey token {token!r} at position {position} is a bool, not a token id"
-            )
-        try:
-            tokens.append(operator.index(token))
-        except TypeError:
-            raise CacheMisuseError(
-                f"RadixKey token {token!r} at position {position} is not an integer"
-            ) from None
-        if tokens[-1] < 0:
-            raise CacheMisuseError(f"RadixKey token {token!r} at position {position} is negative")
+    tokens = items if set(map(type, items)) <= _PLAIN_INT else [_as_token(t, i) for i, t in enumerate(items)]
+    if tokens and min(tokens) < 0:
+        position = next(i for i, token in enumerate(tokens) if token < 0)
+        raise CacheMisuseError(f"RadixKey token {items[position]!r} at position {position} is negative")
     return tokens
+
+
+def _as_token(token: object, position: int) -> int:
+    if isinstance(token, bool):
+        raise CacheMisuseError(
+            f"RadixKey token {token!r} at position {position} is a bool, not a token id"
+        )
+    try:
+        return operator.index(token)
+    except TypeError:
+        raise CacheMisuseError(
+            f"RadixKey token {token!r} at position {position} is not an integer"
+        ) from None
 
 
 class RadixKey:

@@ -83,6 +83,16 @@ def debug_default(device: torch.device) -> bool:
     return device.type != "cuda"
 
 
+def is_index_tensor(tensor: object) -> bool:
+    """Whether `tensor` is a tensor of integers (slot indices), not floats, complex or bools."""
+    return (
+        isinstance(tensor, torch.Tensor)
+        and not tensor.is_floating_point()
+        and not tensor.is_complex()
+        and tensor.dtype is not torch.bool
+    )
+
+
 def as_device(device) -> torch.device:
     """Normalise a device argument to the device its tensors report, naming it in the error
     when it is not one: `cuda` becomes `cuda:N`, the current one, so that a pool's device
