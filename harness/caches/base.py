@@ -376,7 +376,7 @@ class CacheUnderTest:
 
 
 def _view(path: Path, field: str, tensor: torch.Tensor) -> TensorView:
-    return TensorView(path, field, tensor.dtype, tensor.device, tensor.untyped_storage().data_ptr())
+    return TensorView(path, field, tensor.dtype, tensor.device, storage_of(tensor))
 
 
 def storage_of(tensor: torch.Tensor) -> int:

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from harness.caches import CacheFactory, ImplCache
 from harness.driver import CHECKS, Driver, pause_gc, resume_gc
 from harness.findings import SetAside
+from harness.profiles import PROJECT_ROOT
 from harness.program import OperationChooser
 from harness.trace import failure_trace, save_trace
 from strategies import Scenario
@@ -61,7 +62,7 @@ REACH_LABELS = (
 # the paths only SGLang 0.5.4's scheduler takes: a refused request keeps its copy-on-write slot
 RELEASE_0_5_4_LABELS = ("cow into an existing slot", "abort of a waiting request holding a Mamba slot")
 
-PENDING_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "regressions", "pending")
+PENDING_DIR = os.path.join(PROJECT_ROOT, "tests", "regressions", "pending")
 
 
 class CacheMachine(RuleBasedStateMachine):
