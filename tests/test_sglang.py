@@ -163,5 +163,5 @@ def test_each_rule_0_5_20_changed_is_needed_to_agree_with_it(rule, tmp_path):
     known = set_aside(["all"], cache_release(factory))
     machine = machine_for(SCENARIOS["medium"], with_old_rule, trace_dir=str(tmp_path), set_aside=known)
     with pytest.raises(Exception, match="lru_lists|pool_conservation|differs"):
-        found_at_all = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate])
+        found_at_all = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True)
         run_state_machine_as_test(machine, settings=found_at_all)
