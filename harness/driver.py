@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
 from harness.caches import CacheFactory, ImplCache
 from harness.caches.base import storage_of
 from harness.checks import (
+    OUTSIDE_CHECKS,
     STRUCTURAL_CHECKS,
     NodeReclamation,
     index_types,
@@ -26,6 +27,7 @@ from harness.checks import (
     pool_conservation,
     request_meaning,
     tree_meaning,
+    tree_slots_meaning,
 )
 from harness.findings import SetAside
 from harness.operations import check_arguments
@@ -125,15 +127,19 @@ class Driver:
         """Every check (of `checks`), recomputed from the cache under test's state."""
         cut, on = self.cut, self.checks
         snap = cut.snapshot()
+        readable = snap.nodes is not None
         if "structure" in on:
-            for check in STRUCTURAL_CHECKS:
+            for check in STRUCTURAL_CHECKS if readable else OUTSIDE_CHECKS:
                 check(snap, self.model)
         holdings = self.protocol.holdings()
         if "pool_conservation" in on:
             pool_conservation(snap, self.model, holdings)
         if "meaning" in on:
             kv_data, states = cut.kv_data(), cut.state_digests()
-            tree_meaning(snap, kv_data, states, self.caches.name_digest)
+            if readable:
+                tree_meaning(snap, kv_data, states, self.caches.name_digest)
+            else:
+                tree_slots_meaning(snap, kv_data, states, self.caches.prefixes.__contains__, self.caches.name_digest)
             request_meaning(holdings, kv_data, states, self.caches.name_digest)
         tolerate = self.set_aside.tolerates
         if "index_types" in on:
@@ -141,5 +147,5 @@ class Driver:
             index_types(snap, cut.device, tolerate)
         if "own_storage" in on:
             own_storage(snap, [storage_of(t) for t in cut.free_list_tensors()], storage_of(cut.request_rows()), tolerate)
-        if "node_reclaimed" in on:
+        if "node_reclaimed" in on and cut.node_objects:
             self.reclamation.check(snap, self.protocol.held_nodes(), cut.cache.root_node, tolerate)

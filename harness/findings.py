@@ -42,12 +42,13 @@ class KnownFinding:
 
 class MambaForkViewsFreeList(KnownFinding):
     name = "mamba-fork-views-free-list"
-    releases = ("0.5.4", "0.5.20")
+    releases = ("0.5.4", "0.5.20", "0.5.23")
     check = "own_storage"
     summary = (
-        "cache_unfinished_req stores the Mamba slot it allocates for the chunk's node as the allocator hands it out, "
-        "a view of the free-slot tensor (0.5.4: MambaPool.fork_from; 0.5.20: _alloc_mamba_slot): each such node "
-        "keeps a whole free list alive (device memory growing with the tree)"
+        "caching a running request stores the Mamba slot it allocates for the node as the allocator hands it out, "
+        "a view of the free-slot tensor (0.5.4: MambaPool.fork_from; 0.5.20's MambaRadixCache and the unified "
+        "cache's Mamba component in 0.5.20 and 0.5.23: _alloc_mamba_slot): each such node keeps a whole free "
+        "list alive (device memory growing with the tree)"
     )
     set_aside = "own_storage passes over a node's Mamba slot"
     tolerated = ("own_storage", "Mamba slot")

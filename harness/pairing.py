@@ -115,7 +115,7 @@ class PairedCaches:
     def remember(self, node: Any) -> None:
         """Keep a weak reference to a node a match returned (the lock-an-evicted-node misuse
         tries nodes that left the tree but are still referred to)."""
-        if node is not self.cut.cache.root_node:
+        if self.cut.node_objects and node is not self.cut.cache.root_node:
             alive = [r for r in self.recent_nodes if r() is not None and r() is not node]
             self.recent_nodes = alive[-(RECENT_NODES - 1) :] + [weakref.ref(node)]
 
@@ -125,10 +125,18 @@ class PairedCaches:
         if cut_value != model_value:
             raise Divergence(call, what, cut_value, model_value)
 
+    def same_node(self, call: str, what: str, node: Any, path) -> None:
+        """The cache's `node` is the model's node `path`: the same path from the root or, for a
+        tree whose nodes cannot be read, the same KV slots from the root."""
+        if self.cut.opaque:
+            self.agree(call, f"{what} (its KV slots from the root)", self.cut.node_kv(node), self.model.kv_of(path) if path != ROOT else ())
+        else:
+            self.agree(call, what, self.cut.path_of(node), path)
+
     def flush_events(self) -> None:
         for label in self.model.events:
             self.on_event(label)
-            if label in ("node split", "Mamba evicted from an internal node (tombstoned)"):
+            if label in ("node split", "Mamba evicted from an internal node (tombstoned)", "Mamba evicted from a KV-locked leaf (tombstoned)"):
                 self.on_event("tombstone created")
         self.model.events.clear()
 
@@ -256,9 +264,9 @@ class PairedCaches:
         got = tuple(match.device_indices.tolist())
         self.agree(call, "matched KV slots", got, kv)
         self.agree(call, "dtype of the matched KV slots", match.device_indices.dtype, torch.int64)
-        self.agree(call, "last node", self.cut.path_of(match.last_device_node), last)
+        self.same_node(call, "last node", match.last_device_node, last)
         # with no host tier, the host side of a match ends where the device side does
-        self.agree(call, "last host node", self.cut.path_of(match.last_host_node), last)
+        self.same_node(call, "last host node", match.last_host_node, last)
         if got and self.check_meaning:
             data = self.cut.kv_data()
             wrong = wrong_slot(got, digest.digests(extra_key, tokens[: len(got)]), data)
@@ -271,11 +279,11 @@ class PairedCaches:
                 )
 
     def inc_lock_ref(self, req: Request) -> None:
-        self.cut.inc_lock_ref(self.cut.last_node_of(req.cut))
+        self.cut.lock_req(req.cut)
         self.model.inc_lock(req.model.last)
 
     def dec_lock_ref(self, req: Request) -> None:
-        self.cut.dec_lock_ref(self.cut.last_node_of(req.cut))
+        self.cut.unlock_req(req.cut)
         self.model.dec_lock(req.model.last)
 
     def evict(self, num_tokens: int) -> None:
@@ -292,7 +300,7 @@ class PairedCaches:
         call = f"cache_unfinished_req(req {req.rid}, {_describe(kwargs)})"
         self._both(call, lambda: self.cut.cache_unfinished_req(req.cut, **kwargs), lambda: self.model.cache_unfinished_req(req.model))
         self.agree(call, "the request's prefix after caching", tuple(self.cut.prefix_of(req.cut)), req.model.prefix)
-        self.agree(call, "the request's last node after caching", self.cut.path_of(self.cut.last_node_of(req.cut)), req.model.last)
+        self.same_node(call, "the request's last node after caching", self.cut.last_node_of(req.cut), req.model.last)
         req.prefix_len = len(req.model.prefix)
 
     def cache_finished_req(self, req: Request, **kwargs: Any) -> None:
@@ -340,13 +348,15 @@ class PairedCaches:
         for each request without one. Each slot's row is overwritten, as its new occupant will
         (whatever kept a view of it sees that)."""
         call = f"req_to_token_pool.alloc({len(reqs)}, reqs {[r.rid for r in reqs]})"
+        fresh = [r for r in reqs if r.model.req_slot is None]  # a request holding a row keeps it
         got = self.cut.req_alloc([r.cut for r in reqs])
         want = self.model.req_alloc([r.model for r in reqs])
         self.agree(call, "the request slots handed out", got, want)
         for r in reqs:
             self.agree(call, f"request {r.rid}'s Mamba slot", self.cut.mamba_slot_of(r.cut), r.model.mamba_slot)
-        for slot in got or ():
-            self._overwrite(self.cut.request_rows()[slot])
+        if got is not None:
+            for r in fresh:
+                self._overwrite(self.cut.request_rows()[r.model.req_slot])
         return got
 
     def req_free(self, req: Request, **kwargs: Any) -> None:

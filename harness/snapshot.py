@@ -35,7 +35,10 @@ class TensorView(NamedTuple):
 
 
 class Snapshot(NamedTuple):
-    nodes: Dict[Path, NodeView]
+    """A white-box read of the cache; for a tree whose nodes cannot be read (`opaque` caches)
+    `nodes` is None and `tree_kv` / `tree_mamba` list the slots the tree says it holds."""
+
+    nodes: Optional[Dict[Path, NodeView]]
     full_lru: List[Path]  # most recent first, as the cache's list links say
     mamba_lru: List[Path]
     full_links_ok: bool
@@ -47,3 +50,12 @@ class Snapshot(NamedTuple):
     req_free: List[int]
     node_refs: Dict[int, "weakref.ref"]  # a weak reference to every node in the tree, by id()
     tensors: List[TensorView]
+    tree_kv: Optional[List[int]] = None
+    tree_mamba: Optional[List[int]] = None
+
+    def tree_slots(self) -> Tuple[List[int], List[int]]:
+        """The KV slots and the Mamba slots the tree holds."""
+        if self.nodes is None:
+            return list(self.tree_kv or ()), list(self.tree_mamba or ())
+        nodes = self.nodes.values()
+        return [s for v in nodes for s in v.kv], [v.mamba for v in nodes if v.mamba is not None]

@@ -36,6 +36,16 @@ class Rules:
     # an insert that ends on an existing node makes that node full MRU again, ahead of the lower
     # part of a split it just made
     insert_refreshes_end_node: bool = False
+    # an insert that ends on an existing holder moves its state to Mamba MRU (with
+    # `insert_refreshes_mamba` off; the states it walks past stay where they are)
+    insert_refreshes_end_state: bool = False
+    # only a node's KV decides whether it stays in the tree: a childless tombstone keeps its KV and
+    # is a leaf like any other (eviction deletes no tombstone ancestors, and Mamba eviction of a
+    # KV-locked childless holder tombstones it); else tombstones never end a path
+    kv_decides_node_survival: bool = False
+    # caching a running request matches its tokens again to find its new last node (refreshing
+    # that path); else the node the insert ended on is taken as it is
+    caching_rematches: bool = True
     # insert itself frees the caller's KV for tokens already cached past `prev_prefix_len` (else
     # the caller frees them)
     insert_frees_duplicate_kv: bool = False
@@ -53,6 +63,23 @@ SGLANG_0_5_20 = Rules(
     insert_refreshes_mamba=False,
     split_refreshes_mamba=False,
     insert_refreshes_end_node=True,
+    insert_frees_duplicate_kv=True,
+    first_mamba_slot=1,
+    first_req_slot=1,
+    req_slots_from_tail=True,
+)
+
+# SGLang's UnifiedRadixCache (Full + Mamba components), the hybrid cache 0.5.20's scheduler
+# builds and the only one from 0.5.21 on
+SGLANG_UNIFIED = Rules(
+    "unified",
+    match_refreshes_mamba_path=False,
+    insert_refreshes_mamba=False,
+    split_refreshes_mamba=False,
+    insert_refreshes_end_node=True,
+    insert_refreshes_end_state=True,
+    kv_decides_node_survival=True,
+    caching_rematches=False,
     insert_frees_duplicate_kv=True,
     first_mamba_slot=1,
     first_req_slot=1,
@@ -270,8 +297,8 @@ class ReferenceCache:
             rec.mamba = mamba  # rule: inserting onto a tombstone makes it a holder again
             self._touch_mamba(at)
             return prefix_len, False
-        if self.rules.insert_refreshes_mamba:
-            self._touch_mamba(at)  # rule (0.5.4): the existing state is refreshed; caller keeps its own
+        if self.rules.insert_refreshes_mamba or self.rules.insert_refreshes_end_state:
+            self._touch_mamba(at)  # rule (0.5.4, unified): the existing state is refreshed; caller keeps its own
         self.note("mamba_exist=True")
         return prefix_len, True
 
@@ -326,13 +353,17 @@ class ReferenceCache:
         """rule: an evicted leaf frees its KV and state, then every tombstone ancestor it leaves
         as an unlocked leaf goes too. Returns KV tokens freed and the last node deleted."""
         rec = self.nodes[path]
-        assert rec.kv_lock == 0 and rec.mamba_lock == 0 and rec.mamba is not None
+        assert rec.kv_lock == 0 and rec.mamba_lock == 0
+        assert rec.mamba is not None or self.rules.kv_decides_node_survival
         self.free_kv(rec.kv)
-        self.free_mamba([rec.mamba])
+        if rec.mamba is not None:
+            self.free_mamba([rec.mamba])
         freed = len(rec.kv)
         del self.nodes[path]
         last = path
         parent = self.parent(path)
+        if self.rules.kv_decides_node_survival:
+            return freed, last  # rule (unified): a tombstone left childless stays, a leaf itself
         while parent != ROOT and self.nodes[parent].mamba is None and self.is_leaf(parent) and self.nodes[parent].kv_lock == 0:
             self.note("cascade deletion of a tombstone ancestor")
             self.free_kv(self.nodes[parent].kv)
@@ -367,8 +398,10 @@ class ReferenceCache:
         x = self._next_in_mamba(-1)
         while freed < num and x is not None:
             x_next = self._next_in_mamba(self.nodes[x].mamba_tick)
-            if self.children(x):
-                self.note("Mamba evicted from an internal node (tombstoned)")
+            kv_locked_leaf = self.nodes[x].kv_lock > 0 and self.rules.kv_decides_node_survival
+            if self.children(x) or kv_locked_leaf:
+                self.note("Mamba evicted from a KV-locked leaf (tombstoned)" if kv_locked_leaf and not self.children(x)
+                          else "Mamba evicted from an internal node (tombstoned)")
                 self.free_mamba([self.nodes[x].mamba])
                 self.nodes[x].mamba = None
             else:
@@ -416,24 +449,25 @@ class ReferenceCache:
         self.mamba_free.extend(slots)
 
     def req_alloc(self, reqs: Sequence[ModelReq]) -> Optional[List[int]]:
-        """rule: one request slot each, plus a Mamba slot for each request without one; all or
-        nothing."""
+        """rule: one request slot each (a request that holds one keeps it), plus a Mamba slot for
+        each request without one; all or nothing."""
         need = sum(1 for r in reqs if r.mamba_slot is None)
-        if len(reqs) > len(self.req_free) or need > len(self.mamba_free):
+        fresh = [r for r in reqs if r.req_slot is None]
+        if len(fresh) > len(self.req_free) or need > len(self.mamba_free):
             return None
         for r in reqs:
             if r.mamba_slot is None:
                 r.mamba_slot = self.mamba_alloc(1)[0]
-        n = len(reqs)
+        n = len(fresh)
         if self.rules.req_slots_from_tail:
             slots = self.req_free[len(self.req_free) - n :]
             del self.req_free[len(self.req_free) - n :]
         else:
             slots, self.req_free = self.req_free[:n], self.req_free[n:]
-        for r, slot in zip(reqs, slots):
+        for r, slot in zip(fresh, slots):
             r.req_slot = slot
             r.row = {}
-        return slots
+        return [r.req_slot for r in reqs]
 
     def req_free_slot(self, req: ModelReq, free_mamba: bool = True) -> None:
         """rule: a request slot goes back to the tail; with it, unless told otherwise, the
@@ -496,7 +530,11 @@ class ReferenceCache:
             self.free_kv(kv[len(req.prefix):new_prefix_len])
         if exist:
             self.free_mamba(fork)
-        new_kv, new_last = self.match_prefix(tokens, req.extra_key)
+        if self.rules.caching_rematches:
+            new_kv, new_last = self.match_prefix(tokens, req.extra_key)
+        else:
+            new_last = (req.extra_key, tokens)  # rule (unified): the lock moves to the insert's end node
+            new_kv = self.kv_of(new_last)
         for i in range(len(req.prefix), len(new_kv)):
             req.row[i] = new_kv[i]
         self.dec_lock(req.last)

@@ -1,18 +1,23 @@
 """The caches under test, one module per cache family and API era.
 
   impl            this repository's `impl` (`harness.caches.impl`)
-  sglang          SGLang's own `MambaRadixCache` and pools, for the installed release:
-                  0.5.4's API (`harness.caches.sglang_0_5_4`) or 0.5.20's (`sglang_0_5_20`)
+  sglang          SGLang's own hybrid cache and pools, for the installed release: its
+                  `MambaRadixCache` on 0.5.4 (`harness.caches.sglang_0_5_4`) and 0.5.20
+                  (`sglang_0_5_20`); its `UnifiedRadixCache` on the Python tree core on 0.5.23
+  sglang-CORE     SGLang's `UnifiedRadixCache` (Full + Mamba, `harness.caches.sglang_unified`) on
+                  tree core CORE: `python`, `rust`, or `parity` (both side by side,
+                  `harness.caches.parity`); 0.5.20 and 0.5.23
   MODULE:CLASS    a subclass of `impl.MambaRadixCache` (a planted bug, a patched cache)
 
-`cache_factory(name)` gives a callable building the cache from a `CacheConfig`.
+`cache_factory(name)` gives a callable building the cache from a `CacheConfig`;
+`impl_name(impl, tree_core)` spells `--impl sglang --tree-core CORE` as `sglang-CORE`.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-from typing import Callable
+from typing import Callable, Optional
 
 from impl import MambaRadixCache
 from harness.caches.base import CacheUnderTest
@@ -22,11 +27,37 @@ from strategies.config import CacheConfig
 CacheFactory = Callable[[CacheConfig], CacheUnderTest]
 
 
-def sglang_cache_class() -> type:
-    """The cache class for the installed SGLang release (raises `SglangUnavailable`)."""
-    from harness.caches.sglang_loader import sglang_version
+TREE_CORES = ("python", "rust", "parity")
 
-    if sglang_version() == "0.5.4":
+
+def impl_name(impl: str, tree_core: Optional[str]) -> str:
+    """`--impl sglang --tree-core CORE` as one name (`sglang-CORE`); ValueError for a tree core
+    named with another cache, or an unknown one."""
+    if tree_core is None:
+        return impl
+    if impl != "sglang":
+        raise ValueError(f"--tree-core applies to --impl sglang only, not to {impl!r}")
+    if tree_core not in TREE_CORES:
+        raise ValueError(f"--tree-core must be one of {list(TREE_CORES)}, got {tree_core!r}")
+    return f"sglang-{tree_core}"
+
+
+def sglang_cache_class(tree_core: Optional[str] = None) -> CacheFactory:
+    """The cache under test for the installed SGLang release (raises `SglangUnavailable`): with
+    `tree_core`, its `UnifiedRadixCache` on that core (or both, `parity`)."""
+    from harness.caches.sglang_loader import SHIPS_UNIFIED_RADIX_CACHE, sglang_version
+
+    version = sglang_version()
+    if tree_core is None and version == "0.5.23":
+        tree_core = "python"
+    if tree_core is not None:
+        if version not in SHIPS_UNIFIED_RADIX_CACHE:
+            raise ValueError(f"--impl sglang-{tree_core}: SGLang {version} has no UnifiedRadixCache the harness drives "
+                             f"(supported: {', '.join(SHIPS_UNIFIED_RADIX_CACHE)})")
+        from harness.caches.sglang_unified import unified_factory
+
+        return unified_factory(version, tree_core)
+    if version == "0.5.4":
         from harness.caches.sglang_0_5_4 import Sglang054Cache
 
         return Sglang054Cache
@@ -40,16 +71,16 @@ def cache_factory(name: str) -> CacheFactory:
     `MambaRadixCache`. Raises `ValueError` naming the argument when it cannot be loaded."""
     if name == "impl":
         return ImplCache
-    if name == "sglang":
+    if name == "sglang" or (name.startswith("sglang-") and name[len("sglang-") :] in TREE_CORES):
         from harness.caches.sglang_loader import sglang_unavailable
 
         reason = sglang_unavailable()
         if reason:
-            raise ValueError(f"--impl sglang: {reason}")
-        return sglang_cache_class()
+            raise ValueError(f"--impl {name}: {reason}")
+        return sglang_cache_class(name[len("sglang-") :] if name != "sglang" else None)
     module_name, _, class_name = name.partition(":")
     if not module_name or not class_name:
-        raise ValueError(f"--impl must be 'impl', 'sglang' or MODULE:CLASS, got {name!r}")
+        raise ValueError(f"--impl must be 'impl', 'sglang', 'sglang-CORE' or MODULE:CLASS, got {name!r}")
     try:
         cache_class = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
@@ -61,14 +92,15 @@ def cache_factory(name: str) -> CacheFactory:
 
 def cache_class(factory: CacheFactory) -> type:
     """The `CacheUnderTest` class a factory builds (a `MODULE:CLASS` factory is a partial of
-    `ImplCache`), for what the class says without building a cache."""
+    `ImplCache`, a tree core's a partial of its class), for what the class says without
+    building a cache."""
     return factory.func if isinstance(factory, functools.partial) else factory
 
 
 def cache_release(factory: CacheFactory) -> str:
     """The version of the code a factory's caches run (impl's, or the installed SGLang's)."""
     cls = cache_class(factory)
-    if cls.name == "sglang":
+    if cls.name.startswith("sglang"):
         from harness.caches.sglang_loader import sglang_version
 
         return sglang_version()
@@ -76,8 +108,10 @@ def cache_release(factory: CacheFactory) -> str:
 
 
 def cache_name(factory: CacheFactory) -> str:
-    """The name a factory's caches go by (`impl`, `sglang`), without building one."""
+    """The name a factory's caches go by (`impl`, `sglang`, `sglang-rust`), without building one."""
+    if isinstance(factory, functools.partial) and "tree_core" in factory.keywords:
+        return f"sglang-{factory.keywords['tree_core']}"
     return cache_class(factory).name
 
 
-__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_class", "cache_factory", "cache_name", "cache_release", "sglang_cache_class"]
+__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_class", "cache_factory", "cache_name", "cache_release", "impl_name", "sglang_cache_class"]

@@ -46,6 +46,11 @@ class CacheUnderTest:
     # shows it), so that the contract protocol adds the direct API calls
     # (`harness.protocols.direct_api`); SGLang's caches are driven by their schedulers alone
     direct_api: bool = False
+    # whether the tree's nodes cannot be read (the checks then use what the cache reports from
+    # outside: `snapshot().nodes` is None and a node is named by `node_kv`, not `path_of`)
+    opaque: bool = False
+    # whether nodes are Python objects with parent links (the memory check follows them), not ids
+    node_objects: bool = True
 
     config: CacheConfig
     device: torch.device
@@ -132,6 +137,14 @@ class CacheUnderTest:
 
     def dec_lock_ref(self, node: Any) -> None:
         self.cache.dec_lock_ref(node)
+
+    def lock_req(self, req: Any) -> None:
+        """The scheduler locks the request's last node (`inc_lock_ref(req.last_node)`)."""
+        self.inc_lock_ref(self.last_node_of(req))
+
+    def unlock_req(self, req: Any) -> None:
+        """The scheduler releases one lock it took on the request's last node."""
+        self.dec_lock_ref(self.last_node_of(req))
 
     def reset(self) -> None:
         self.cache.reset()
@@ -261,6 +274,10 @@ class CacheUnderTest:
             if node is None:
                 return ("<detached>", tuple(t for seg in reversed(segments) for t in seg))
         return (extra, tuple(t for seg in reversed(segments) for t in seg)) if segments else ROOT_PATH
+
+    def node_kv(self, node: Any) -> Tuple[int, ...]:
+        """The KV slots from the root to `node`, as the cache gives them (for `opaque` caches)."""
+        raise NotImplementedError
 
     def in_tree(self, node: Any) -> bool:
         """Whether `node` is still reachable from the root (walking its parents)."""

@@ -28,8 +28,11 @@ import time
 import types
 from typing import Any, Optional
 
-INSTALL_HINT = "scripts/install-sglang.sh 0.5.4|0.5.20 (see README, 'Checking SGLang')"
-SUPPORTED = ("0.5.4", "0.5.20")
+INSTALL_HINT = "scripts/install-sglang.sh 0.5.4|0.5.20|0.5.23 (see README, 'Checking SGLang')"
+SUPPORTED = ("0.5.4", "0.5.20", "0.5.23")
+# the releases that ship `MambaRadixCache` (0.5.21 deleted it) and `UnifiedRadixCache` (0.5.16 on)
+SHIPS_MAMBA_RADIX_CACHE = ("0.5.4", "0.5.20")
+SHIPS_UNIFIED_RADIX_CACHE = ("0.5.20", "0.5.23")
 PLACEHOLDER_VERSION = "0.0"  # what a placeholder module reports as its __version__
 
 
@@ -125,42 +128,59 @@ def load_sglang() -> types.SimpleNamespace:
     _placeholder("torchvision")
     try:
         sglang = importlib.import_module("sglang")
-        cache_mod = importlib.import_module("sglang.srt.mem_cache.mamba_radix_cache")
+        version = getattr(sglang, "__version__", "unknown")
+        if version not in SUPPORTED:
+            raise SglangUnavailable(
+                f"SGLang {version} is installed, but the harness supports {', '.join(SUPPORTED)}; "
+                f"install one with: {INSTALL_HINT}"
+            )
         pool_mod = importlib.import_module("sglang.srt.mem_cache.memory_pool")
         alloc_mod = importlib.import_module("sglang.srt.mem_cache.allocator")
         radix_mod = importlib.import_module("sglang.srt.mem_cache.radix_cache")
         mamba_utils = importlib.import_module("sglang.srt.configs.mamba_utils")
+        sgl = types.SimpleNamespace(
+            version=version,
+            HybridReqToTokenPool=pool_mod.HybridReqToTokenPool,
+            TokenToKVPoolAllocator=alloc_mod.TokenToKVPoolAllocator,
+            RadixKey=radix_mod.RadixKey,
+            Mamba2CacheParams=mamba_utils.Mamba2CacheParams,
+            Mamba2StateShape=mamba_utils.Mamba2StateShape,
+        )
+        if version in SHIPS_MAMBA_RADIX_CACHE:
+            sgl.cache_module = importlib.import_module("sglang.srt.mem_cache.mamba_radix_cache")
+            sgl.MambaRadixCache = sgl.cache_module.MambaRadixCache
+            # the tree logs its self-check failures before raising them; the harness reports them
+            logging.getLogger(sgl.cache_module.__name__).setLevel(logging.CRITICAL)
+        if version != "0.5.4":
+            _load_parameter_api(sgl)
+        if version in SHIPS_UNIFIED_RADIX_CACHE:
+            _load_unified_cache(sgl)
     except ImportError as exc:
+        if isinstance(exc, SglangUnavailable):
+            raise
         raise SglangUnavailable(f"SGLang cannot be imported ({exc}); install it with: {INSTALL_HINT}") from exc
-    # the tree logs its self-check failures before raising them; the harness reports them itself
-    logging.getLogger(cache_mod.__name__).setLevel(logging.CRITICAL)
-    version = getattr(sglang, "__version__", "unknown")
-    if version not in SUPPORTED:
-        raise SglangUnavailable(
-            f"SGLang {version} is installed, but the harness supports {', '.join(SUPPORTED)}; "
-            f"install one with: {INSTALL_HINT}"
-        )
-    sgl = types.SimpleNamespace(
-        version=version,
-        cache_module=cache_mod,
-        MambaRadixCache=cache_mod.MambaRadixCache,
-        HybridReqToTokenPool=pool_mod.HybridReqToTokenPool,
-        TokenToKVPoolAllocator=alloc_mod.TokenToKVPoolAllocator,
-        RadixKey=radix_mod.RadixKey,
-        Mamba2CacheParams=mamba_utils.Mamba2CacheParams,
-        Mamba2StateShape=mamba_utils.Mamba2StateShape,
-    )
-    if version != "0.5.4":
-        params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
-        sgl.CacheInitParams = importlib.import_module("sglang.srt.mem_cache.cache_init_params").CacheInitParams
-        sgl.MatchPrefixParams, sgl.InsertParams, sgl.EvictParams = (
-            params.MatchPrefixParams,
-            params.InsertParams,
-            params.EvictParams,
-        )
-        sgl.ReqKvInfo = importlib.import_module("sglang.srt.managers.schedule_batch").ReqKvInfo
-        sgl.runtime_context = importlib.import_module("sglang.srt.runtime_context")
     return sgl
+
+
+def _load_parameter_api(sgl: types.SimpleNamespace) -> None:
+    """The parameter objects, request record and process context of the releases after 0.5.4."""
+    params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
+    sgl.CacheInitParams = importlib.import_module("sglang.srt.mem_cache.cache_init_params").CacheInitParams
+    sgl.MatchPrefixParams, sgl.InsertParams, sgl.EvictParams = params.MatchPrefixParams, params.InsertParams, params.EvictParams
+    batch = importlib.import_module("sglang.srt.managers.schedule_batch")
+    sgl.ReqKvInfo, sgl.Req, sgl.FINISH_LENGTH, sgl.FINISH_ABORT = batch.ReqKvInfo, batch.Req, batch.FINISH_LENGTH, batch.FINISH_ABORT
+    sgl.SamplingParams = importlib.import_module("sglang.srt.sampling.sampling_params").SamplingParams
+    sgl.runtime_context = importlib.import_module("sglang.srt.runtime_context")
+    sgl.common = importlib.import_module("sglang.srt.mem_cache.common")
+
+
+def _load_unified_cache(sgl: types.SimpleNamespace) -> None:
+    """`UnifiedRadixCache`, its component types and its tree-core registry."""
+    unified = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
+    sgl.unified_module = unified
+    sgl.UnifiedRadixCache = unified.UnifiedRadixCache
+    sgl.ComponentType = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.base").ComponentType
+    logging.getLogger(unified.__name__).setLevel(logging.CRITICAL)
 
 
 def sglang_unavailable() -> str:

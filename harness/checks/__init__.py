@@ -11,9 +11,10 @@ every check reads the cache's own state and recomputes what it promises.
 """
 
 from harness.checks.memory import NodeReclamation, RequestHoldings, pool_conservation
-from harness.checks.meaning import request_meaning, tree_meaning
+from harness.checks.meaning import request_meaning, tree_meaning, tree_slots_meaning
 from harness.checks.ownership import index_types, own_storage, pool_index_types
 from harness.checks.structure import (
+    OUTSIDE_CHECKS,
     STRUCTURAL_CHECKS,
     lock_rules,
     lru_lists,
@@ -24,6 +25,7 @@ from harness.checks.structure import (
 from harness.checks.violation import InvariantViolation
 
 __all__ = [
+    "OUTSIDE_CHECKS",
     "STRUCTURAL_CHECKS",
     "InvariantViolation",
     "NodeReclamation",
@@ -38,5 +40,6 @@ __all__ = [
     "request_meaning",
     "sizes",
     "tree_meaning",
+    "tree_slots_meaning",
     "trees_equal",
 ]

@@ -74,3 +74,16 @@ def request_meaning(requests: List[RequestHoldings], kv_data: List[int], states:
                     f"request {r.rid}: its Mamba slot {r.mamba} holds {name(states[r.mamba])}, not that of its "
                     f"{r.state_len} processed tokens {list(r.tokens[: r.state_len])}",
                 )
+
+
+def tree_slots_meaning(snap: Snapshot, kv_data: List[int], states: List[Optional[int]], computed: Callable[[Optional[int]], bool], name: Namer) -> None:
+    """For a tree whose nodes cannot be read: every KV slot and Mamba state it holds holds a
+    digest the harness computed (which prefix each stands for is checked where a match hands
+    it out)."""
+    tree_kv, tree_mamba = snap.tree_slots()
+    for slot in tree_kv:
+        if not computed(kv_data[slot]):
+            fail("meaning", f"the tree holds KV slot {slot}, which holds {name(kv_data[slot])}")
+    for slot in tree_mamba:
+        if not computed(states[slot]):
+            fail("meaning", f"the tree holds Mamba slot {slot}, which holds {name(states[slot])}")

@@ -39,8 +39,9 @@ class RequestHoldings(NamedTuple):
 
 def _owners(snap: Snapshot, requests: List[RequestHoldings]) -> Dict[str, Dict[str, List[int]]]:
     """Per pool, who owns which slots: the free list, the tree, each live request."""
-    kv = {"the free list": snap.kv_free, "the tree": [s for v in snap.nodes.values() for s in v.kv]}
-    mamba = {"the free list": snap.mamba_free, "the tree": [v.mamba for v in snap.nodes.values() if v.mamba is not None]}
+    tree_kv, tree_mamba = snap.tree_slots()
+    kv = {"the free list": snap.kv_free, "the tree": tree_kv}
+    mamba = {"the free list": snap.mamba_free, "the tree": tree_mamba}
     req = {"the free list": snap.req_free}
     for r in requests:
         kv[f"request {r.rid}"] = list(r.kv)

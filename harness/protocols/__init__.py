@@ -3,6 +3,8 @@
   contract        what a correct scheduler of 0.5.4's era does (0.5.4's calls, its mistakes
                   corrected) plus direct API calls: the protocol `impl` is checked under
   sglang-0.5.4    SGLang 0.5.4's scheduler (`sglang_0_5_4`)
+  unified         the contract's calls as the scheduler of the unified-cache era makes them
+                  (`unified`: a chunked request keeps its row between chunks)
 
 `docs/scheduler-protocol.md` maps each release's call sites to the methods that make them.
 """
@@ -14,8 +16,9 @@ from typing import Dict
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.contract import ContractScheduler
 from harness.protocols.sglang_0_5_4 import Sglang054Scheduler
+from harness.protocols.unified import UnifiedScheduler
 
-PROTOCOLS: Dict[str, type] = {cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler)}
+PROTOCOLS: Dict[str, type] = {cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler, UnifiedScheduler)}
 
 
 def protocol_class(name: str) -> type:
@@ -26,4 +29,4 @@ def protocol_class(name: str) -> type:
         raise ValueError(f"--protocol must be one of {sorted(PROTOCOLS)}, got {name!r}") from None
 
 
-__all__ = ["PROTOCOLS", "ContractScheduler", "SchedulerProtocol", "Sglang054Scheduler", "protocol_class"]
+__all__ = ["PROTOCOLS", "ContractScheduler", "SchedulerProtocol", "Sglang054Scheduler", "UnifiedScheduler", "protocol_class"]

@@ -367,9 +367,7 @@ class Sglang054Scheduler(SchedulerProtocol):
         """`ScheduleBatch.prepare_for_extend` -> `alloc_for_extend`: request slots
         (`alloc_req_slots`), KV slots for every new token (`alloc_token_slots`), both written
         to the rows (`write_cache_indices`)."""
-        if self.caches.mamba_available() < len(batch):
-            self.caches.evict_mamba(len(batch) - self.caches.mamba_available())
-            self.on_event("Mamba allocation short: evicted, then retried")
+        self._ensure_mamba_slots(batch)
         if self.caches.req_alloc(batch) is None:
             raise ReleaseRaised("RuntimeError", "alloc_req_slots runs out of memory")
         slots = self._alloc_token_slots(sum(r.extend_len for r in batch))
@@ -378,6 +376,13 @@ class Sglang054Scheduler(SchedulerProtocol):
             self.caches.write_row(req, 0, self.caches.cut.prefix_of(req.cut))
             self.caches.write_row(req, req.prefix_len, slots[start : start + req.extend_len])
             start += req.extend_len
+
+    def _ensure_mamba_slots(self, batch: List[Request]) -> None:
+        """`alloc_for_extend` (0.5.4): a Mamba slot for every request of the batch, evicting
+        states when the pool is short."""
+        if self.caches.mamba_available() < len(batch):
+            self.caches.evict_mamba(len(batch) - self.caches.mamba_available())
+            self.on_event("Mamba allocation short: evicted, then retried")
 
     def _alloc_token_slots(self, n: int) -> List[int]:
         """`alloc_token_slots`: evict first when the pool is short (`evict_from_tree_cache`);

@@ -1,0 +1,435 @@
+"""`SglangUnifiedCache`: SGLang's `UnifiedRadixCache` with Full + Mamba components, the cache its
+scheduler builds for hybrid Mamba models (0.5.20's `mem_cache/registry.py`,
+`_create_unified_radix_cache`; the only hybrid cache from 0.5.21 on), as a cache under test.
+
+The pools and the cache are built as the scheduler's build context builds them (page size 1,
+no Mamba extra buffer, no host tier): `HybridReqToTokenPool`, a `TokenToKVPoolAllocator` with no
+KV tensors (`kvcache=None`), and `UnifiedRadixCache(CacheInitParams(tree_components=(FULL,
+MAMBA)))` on the tree core named by `tree_core` (`python` or `rust`, what
+`SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND` picks in serving). Requests are SGLang's own `Req`.
+
+The calls are 0.5.23's, each made as that release's scheduler helpers make it:
+  a match                `match_kv_cache`: `match_prefix(MatchPrefixParams(key, cow_mamba, req))`,
+                         the result adopted on the request; a copy-on-write is deferred to the
+                         forward pass, which copies `mamba_cow_src_index` into the request's slot
+  a request's lock       `req.lock = tree_cache.lock(req.last_node)` (a receipt, `TreeLock`),
+                         released with `tree_cache.unlock(lock)`
+  caching a running one  `checkpoint_kv_cache`: `checkpoint(req, up_to=req.extend_end)`
+  finishing, retracting  `release_kv_cache(req, tree_cache, checkpoint=...)` (mem_cache/common.py)
+  evicting KV            `evict_from_tree_cache` -> `evict_to_free_tokens`: `evict_for_alloc`
+                         with the shortfall (the protocol computes it)
+  Mamba slots            `ensure_mamba_capacity` (`evict_for_alloc(mamba_num=shortfall)`), then
+                         `req_to_token_pool.alloc(reqs)`, which reuses the row a request holds
+0.5.20's unified cache keeps 0.5.20's finishing calls (`sglang_unified_0_5_20`).
+
+The Python core is read white-box: its nodes, both components' locks, the Mamba LRU list and the
+Full eviction order (`last_access_time`). The Rust core's nodes cannot be read from Python
+(`node_by_id` raises `NotImplementedError`), so it is checked from outside: return values, sizes,
+free lists, the KV and Mamba slots the tree holds (`all_values_flatten`), pool conservation and
+the meaning of the data (`opaque = True`).
+"""
+
+from __future__ import annotations
+
+import functools
+from array import array
+from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from harness.caches.base import ROOT_PATH, CacheUnderTest, storage_of
+from harness.caches.sglang_0_5_20 import MAMBA_CACHE_CHUNK_SIZE, _publish_server_args
+from harness.caches.sglang_loader import load_sglang, tiny_mamba_params
+from harness.snapshot import NodeView, Path, Snapshot, TensorView
+from reference import SGLANG_UNIFIED
+from strategies.config import CacheConfig
+
+TREE_CORES = ("python", "rust")
+MAX_NEW_TOKENS = 1 << 20  # the request's own limit; the harness's protocol decides when it finishes
+
+
+class UnifiedMatch(NamedTuple):
+    """What the scheduler takes from a match: the prefix's KV slots and the last nodes (ids)."""
+
+    device_indices: torch.Tensor
+    last_device_node: int
+    last_host_node: int
+
+
+class SglangUnifiedCache(CacheUnderTest):
+    """SGLang's `UnifiedRadixCache` (Full + Mamba) on one tree core (see the module docstring)."""
+
+    name = "sglang"
+    default_protocol = "unified"
+    rules = SGLANG_UNIFIED
+    misuse_error = AssertionError
+    mamba_exhausted_error = AssertionError
+    tree_core = "python"
+    node_objects = False  # nodes are ids
+
+    def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
+        if tree_core is not None:
+            self.tree_core = tree_core
+        if self.tree_core not in TREE_CORES:
+            raise ValueError(f"--tree-core must be one of {list(TREE_CORES)}, got {self.tree_core!r}")
+        self.name = f"sglang-{self.tree_core}"
+        self.opaque = self.tree_core == "rust"
+        sgl = load_sglang()
+        self.sgl = sgl
+        self.release = sgl.version
+        self.config = config
+        self.device = torch.device(config.device)
+        _publish_server_args(sgl.runtime_context, MAMBA_CACHE_CHUNK_SIZE)
+        self.req_pool = sgl.HybridReqToTokenPool(
+            size=config.req_size,
+            mamba_size=config.mamba_size,
+            mamba_spec_state_size=config.mamba_size,
+            max_context_len=config.max_context_len,
+            device=config.device,
+            enable_memory_saver=False,
+            cache_params=tiny_mamba_params(sgl),
+            mamba_layer_ids=[0],
+            enable_mamba_extra_buffer=False,
+            enable_overlap_schedule=False,
+            speculative_num_draft_tokens=None,
+        )
+        self.mamba_pool = self.req_pool.mamba_pool
+        self.mamba_slots = self.req_pool.mamba_allocator
+        self.kv = sgl.TokenToKVPoolAllocator(
+            size=config.kv_size, dtype=torch.bfloat16, device=config.device, kvcache=None, need_sort=False
+        )
+        ct = sgl.ComponentType
+        self.FULL, self.MAMBA = ct.FULL, ct.MAMBA
+        self.cache = sgl.UnifiedRadixCache(
+            sgl.CacheInitParams(
+                disable=False,
+                req_to_token_pool=self.req_pool,
+                token_to_kv_pool_allocator=self.kv,
+                page_size=config.page_size,
+                tree_components=(ct.FULL, ct.MAMBA),
+                tree_core_backend=self.tree_core,
+            )
+        )
+        self.root = self.cache.root_node_handle()
+        self._kv_data = torch.zeros(config.kv_size + 1, dtype=torch.int64, device=self.device)
+        self._extra_locks: Dict[int, List[Any]] = {}  # per request (id()): locks beyond req.lock
+
+    def is_mamba_exhausted(self, exc: BaseException) -> bool:
+        return "Can not alloc mamba cache" in str(exc)
+
+    # ----- requests ---------------------------------------------------------------------------
+
+    def new_req(self, rid: int, tokens: Sequence[int], extra_key: Hashable) -> Any:
+        sgl = self.sgl
+        req = sgl.Req(str(rid), "", array("q", tokens), sgl.SamplingParams(max_new_tokens=MAX_NEW_TOKENS), extra_key=extra_key)
+        req.refresh_fill_ids()
+        return req
+
+    def key(self, tokens: Sequence[int], extra_key: Hashable) -> Any:
+        return self.sgl.RadixKey(array("q", tokens), extra_key)
+
+    def set_fill(self, req: Any, tokens: Sequence[int]) -> None:
+        """The request's next extend ends after `tokens` (`req.extend_end`)."""
+        req.refresh_fill_ids()
+        req.extend_end = len(tokens)
+
+    def append_output(self, req: Any, token: int) -> None:
+        req.output_ids.append(token)
+        req.refresh_fill_ids()
+
+    def adopt_match(self, req: Any, match: UnifiedMatch) -> None:
+        """`match_kv_cache` and `init_next_round_input`: the prefix and last node, and the
+        tree's share of the row (`cache_protected_len`)."""
+        req.prefix_len = len(match.device_indices)
+        req.last_node = match.last_device_node
+        req.last_host_node = match.last_host_node
+        req.kv.cache_protected_len = req.prefix_len
+
+    def reset_for_retract(self, req: Any) -> None:
+        req.reset_for_retract()
+
+    def forget_req_slot(self, req: Any) -> None:
+        """`release_kv_cache` already gave the row back through the request."""
+
+    def req_slot_of(self, req: Any) -> Optional[int]:
+        return req.kv.req_pool_idx
+
+    def mamba_slot_of(self, req: Any) -> Optional[int]:
+        slot = req.kv.mamba_pool_idx
+        return None if slot is None else int(slot)
+
+    def prefix_of(self, req: Any) -> List[int]:
+        if req.last_node is None or not req.prefix_len:
+            return []
+        return self.cache.prefix_device_indices(req).tolist()
+
+    def last_node_of(self, req: Any) -> Any:
+        return req.last_node
+
+    # ----- the cache's own calls --------------------------------------------------------------
+
+    def match_prefix(self, key: Any, cow_mamba: bool = False, req: Any = None, **scheduler_args: Any) -> UnifiedMatch:
+        """`match_prefix(MatchPrefixParams(key, cow_mamba, req))`; with copy-on-write the forward
+        pass then makes the deferred copy into the request's slot. The policy's own arguments
+        (`rid`) have no place in the parameters."""
+        result = self.cache.match_prefix(self.sgl.MatchPrefixParams(key=key, cow_mamba=cow_mamba, req=req))
+        if req is not None and req.kv.mamba_cow_src_index is not None:
+            self.mamba_pool.copy_from(req.kv.mamba_cow_src_index, req.kv.mamba_pool_idx.unsqueeze(0))
+            req.kv.mamba_cow_src_index = None
+        node = result.last_device_node
+        indices = self.cache.path_device_indices(node)[: result.device_prefix_len].to(torch.int64)
+        return UnifiedMatch(indices, node, result.last_host_node)
+
+    def insert(self, key: Any, kv: torch.Tensor, mamba: torch.Tensor) -> Tuple[int, bool]:
+        result = self.cache.insert(self.sgl.InsertParams(key=key, value=kv, mamba_value=mamba))
+        return result.prefix_len, result.mamba_exist
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+        """`checkpoint_kv_cache(req, tree_cache)`: the tree takes what the request computed up to
+        its extend's end, and its lock moves to the node that insert ended on."""
+        self.sgl.common.checkpoint_kv_cache(req, self.cache)
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+        """`release_kv_cache(req, tree_cache, checkpoint=is_insert)`; a request that goes into
+        the tree is finished first (the tree reads `req.finished()`)."""
+        if is_insert and not req.finished():
+            req.finished_reason = self.sgl.FINISH_LENGTH(length=len(req.output_ids))
+        self._release_extra_locks(req)
+        self.sgl.common.release_kv_cache(req, self.cache, checkpoint=is_insert)
+
+    def evict(self, num_tokens: int) -> None:
+        """`evict_to_free_tokens`' call for a shortfall of `num_tokens` (the protocol computes
+        the shortfall, `UnifiedScheduler._evict_from_tree_cache`)."""
+        self.cache.evict_for_alloc(self.sgl.EvictParams(num_tokens=num_tokens))
+
+    def evict_mamba(self, num: int) -> None:
+        """The Mamba shortfall, as `ensure_mamba_capacity` evicts it."""
+        self.cache.evict_for_alloc(self.sgl.EvictParams(num_tokens=0, mamba_num=num))
+
+    def lock_req(self, req: Any) -> None:
+        """`req.lock = tree_cache.lock(req.last_node)`; a second lock on the same request (the
+        adder's temporary one) is kept beside it and released first."""
+        lock = self.cache.lock(req.last_node)
+        if req.lock is None:
+            req.lock = lock
+        else:
+            self._extra_locks.setdefault(id(req), []).append(lock)
+
+    def unlock_req(self, req: Any) -> None:
+        extra = self._extra_locks.get(id(req))
+        if extra:
+            self.cache.unlock(extra.pop())
+            return
+        self.cache.unlock(req.lock)
+        req.lock = None
+
+    def _release_extra_locks(self, req: Any) -> None:
+        for lock in self._extra_locks.pop(id(req), ()):
+            self.cache.unlock(lock)
+
+    def inc_lock_ref(self, node: Any) -> None:
+        raise NotImplementedError("UnifiedRadixCache's locks are taken per request (lock_req)")
+
+    dec_lock_ref = inc_lock_ref
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self._extra_locks.clear()
+
+    def sanity_check(self) -> None:
+        self.cache.sanity_check()
+
+    def sizes(self) -> Tuple[int, int, int, int]:
+        c = self.cache
+        return (c.full_evictable_size(), c.full_protected_size(), c.mamba_evictable_size(), c.mamba_protected_size())
+
+    # ----- the pools' calls -------------------------------------------------------------------
+
+    def req_alloc(self, reqs: Sequence[Any]) -> Optional[List[int]]:
+        """`alloc_req_slots`' pool call `alloc(reqs)` (a request that holds a row keeps it); its
+        `ensure_mamba_capacity` is the protocol's (`UnifiedScheduler._ensure_mamba_slots`)."""
+        return self.req_pool.alloc(list(reqs))
+
+    def req_free(self, req: Any, free_mamba_cache: bool = True) -> None:
+        if free_mamba_cache:
+            self.req_pool.free_mamba_cache(req)
+        self.req_pool.free(req)
+
+    def write_row(self, req: Any, start: int, slots: torch.Tensor) -> None:
+        """`write_cache_indices` (extend) or `assign_req_to_token_pool` (decode); the request's
+        KV is then allocated and committed up to the end of what was written."""
+        end = start + slots.shape[0]
+        self.req_pool.write((req.kv.req_pool_idx, slice(start, end)), slots.to(self.req_pool.req_to_token.dtype))
+        req.kv.kv_allocated_len = max(req.kv.kv_allocated_len, end)
+        req.kv.kv_committed_len = max(req.kv.kv_committed_len, end)
+
+    def give_mamba_slot(self, req: Any, slot: torch.Tensor) -> None:
+        req.kv.mamba_pool_idx = slot
+
+    def free_req_mamba(self, req: Any) -> None:
+        self.mamba_slots.free(req.kv.mamba_pool_idx.unsqueeze(-1))
+        req.kv.mamba_pool_idx = None
+
+    # ----- the data the harness's forward pass writes ------------------------------------------
+
+    def write_kv(self, slots: Sequence[int], values: Sequence[int]) -> None:
+        self._kv_data[self.indices(slots)] = self.indices(values)
+
+    def kv_data(self) -> List[int]:
+        return self._kv_data.tolist()
+
+    def mamba_tensors(self) -> List[torch.Tensor]:
+        cache = self.mamba_pool.mamba_cache
+        return [cache.temporal, *cache.conv]
+
+    def free_list_tensors(self) -> List[torch.Tensor]:
+        return [self.kv.free_pages, self.kv.release_pages, self.mamba_slots.free_slots]
+
+    def kv_free_slots(self) -> List[int]:
+        free, released = self.kv.free_pages, self.kv.release_pages
+        return (torch.cat((free, released)) if released.numel() else free).tolist()
+
+    def mamba_free_slots(self) -> List[int]:
+        return self.mamba_slots.free_slots.tolist()
+
+    # ----- reading the tree -------------------------------------------------------------------
+
+    def node_kv(self, node: Any) -> Tuple[int, ...]:
+        """The KV slots of every token from the root to `node` (a node id), as the tree gives
+        them: how a node is named when the tree cannot be read (`opaque`)."""
+        return tuple(self.cache.path_device_indices(node).tolist())
+
+    def _node(self, node_id: int) -> Any:
+        return self.cache.tree_core.node_by_id(node_id)
+
+    def path_of(self, node: Any) -> Optional[Path]:
+        if node is None:
+            return None
+        if self.opaque:
+            raise NotImplementedError("the Rust tree core's nodes cannot be read; name them by node_kv")
+        obj = self._node(node) if isinstance(node, int) else node
+        segments = []
+        extra = None
+        root = self.cache.tree_core.root_node
+        while obj is not root:
+            segments.append(tuple(obj.key.token_ids))
+            extra = obj.key.extra_key
+            obj = obj.parent
+            if obj is None:
+                return ("<detached>", tuple(t for seg in reversed(segments) for t in seg))
+        return (extra, tuple(t for seg in reversed(segments) for t in seg)) if segments else ROOT_PATH
+
+    def in_tree(self, node: Any) -> bool:
+        return self.path_of(node) is not None and self.path_of(node)[0] != "<detached>"
+
+    def _walk(self) -> List[Tuple[Any, Path, Optional[Path]]]:
+        root = self.cache.tree_core.root_node
+        walked = []
+        stack = [(root, ROOT_PATH)]
+        while stack:
+            node, path = stack.pop()
+            parent = None if node is root else path
+            for child in node.children.values():
+                key = child.key
+                child_path = (key.extra_key, path[1] + tuple(key.token_ids))
+                walked.append((child, child_path, parent))
+                stack.append((child, child_path))
+        return walked
+
+    def snapshot(self) -> Snapshot:
+        if self.opaque:
+            return self._outside_snapshot()
+        FULL, MAMBA = self.FULL, self.MAMBA
+        walked = self._walk()
+        nodes: Dict[Path, NodeView] = {}
+        tensors: List[TensorView] = []
+        by_node: Dict[int, Path] = {}
+        for node, path, parent in walked:
+            full, mamba = node.component_data[FULL], node.component_data[MAMBA]
+            kv = () if full.value is None else tuple(full.value.tolist())
+            state = None if mamba.value is None else int(mamba.value.reshape(-1)[0])
+            nodes[path] = NodeView(path, parent, kv, state, full.lock_ref, mamba.lock_ref, len(node.children))
+            by_node[id(node)] = path
+            if full.value is not None:
+                tensors.append(TensorView(path, "KV slots", full.value.dtype, full.value.device, storage_of(full.value)))
+            if mamba.value is not None:
+                tensors.append(TensorView(path, "Mamba slot", mamba.value.dtype, mamba.value.device, storage_of(mamba.value)))
+        # the Full component keeps no list: its eviction order is `last_access_time`
+        full_order = [by_node[id(n)] for n, _, _ in sorted(walked, key=lambda w: -w[0].last_access_time)]
+        mamba_members, mamba_ok = self._read_mamba_lru(by_node)
+        root = self.cache.tree_core.root_node
+        return Snapshot(
+            nodes=nodes,
+            full_lru=full_order,
+            mamba_lru=mamba_members,
+            full_links_ok=True,
+            mamba_links_ok=mamba_ok,
+            sizes=self.sizes(),
+            root_locks=(root.component_data[FULL].lock_ref, root.component_data[MAMBA].lock_ref),
+            kv_free=self.kv_free_slots(),
+            mamba_free=self.mamba_free_slots(),
+            req_free=self.req_free_slots(),
+            node_refs={},
+            tensors=tensors,
+        )
+
+    def _read_mamba_lru(self, by_node: Dict[int, Path]) -> Tuple[List[Path], bool]:
+        """The Mamba LRU list as its links give it, most recent first, and whether its links
+        agree both ways, end at its ends and count its size."""
+        lru = self.cache.tree_core.lru_lists[self.MAMBA]
+        pt, size = lru._pt, len(lru.cache)
+        members: List[Path] = []
+        link = lru.head
+        while link.lru_next[pt] is not lru.tail:
+            following = link.lru_next[pt]
+            if following is None or following.lru_prev[pt] is not link or len(members) == size:
+                return members, False
+            if following is not lru.mid:  # the session partition's marker
+                members.append(by_node.get(id(following), ("<not in tree>", (following.id,))))
+            link = following
+        return members, lru.tail.lru_prev[pt] is link and len(members) == size
+
+    def _outside_snapshot(self) -> Snapshot:
+        """What can be read of a tree whose nodes cannot be: the slots it holds and its sizes."""
+        return Snapshot(
+            nodes=None,
+            full_lru=[],
+            mamba_lru=[],
+            full_links_ok=True,
+            mamba_links_ok=True,
+            sizes=self.sizes(),
+            root_locks=(1, 1),
+            kv_free=self.kv_free_slots(),
+            mamba_free=self.mamba_free_slots(),
+            req_free=self.req_free_slots(),
+            node_refs={},
+            tensors=[],
+            tree_kv=self.cache.all_values_flatten().tolist(),
+            tree_mamba=self.cache.all_mamba_values_flatten().reshape(-1).tolist(),
+        )
+
+    def format_tree(self) -> str:
+        if self.opaque:
+            return f"(the Rust tree core's nodes cannot be read; it holds KV slots {self.cache.all_values_flatten().tolist()})"
+        FULL, MAMBA = self.FULL, self.MAMBA
+        lines = []
+        stack = [(child, 0) for child in reversed(list(self.cache.tree_core.root_node.children.values()))]
+        while stack:
+            node, depth = stack.pop()
+            full, mamba = node.component_data[FULL], node.component_data[MAMBA]
+            state = "tombstone" if mamba.value is None else f"mamba={int(mamba.value.reshape(-1)[0])}"
+            kv = None if full.value is None else full.value.tolist()
+            lines.append(f"{'  ' * depth}{list(node.key.token_ids)} kv={kv} {state} locks={full.lock_ref}/{mamba.lock_ref}")
+            stack.extend((child, depth + 1) for child in reversed(list(node.children.values())))
+        return "\n".join(lines) or "(empty tree)"
+
+
+def unified_factory(version: str, tree_core: str) -> Any:
+    """A factory of the `UnifiedRadixCache`s of SGLang `version` on `tree_core` (`parity`: the
+    Python and the Rust core side by side, `harness.caches.parity`)."""
+    cls = SglangUnifiedCache
+    if tree_core == "parity":
+        from harness.caches.parity import ParityCache
+
+        return functools.partial(ParityCache, tree_core=tree_core, cache_class=cls)
+    return functools.partial(cls, tree_core=tree_core)
