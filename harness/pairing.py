@@ -356,7 +356,7 @@ class PairedCaches:
             self.agree(call, f"request {r.rid}'s Mamba slot", self.cut.mamba_slot_of(r.cut), r.model.mamba_slot)
         if got is not None:
             for r in fresh:
-                self._overwrite(self.cut.request_rows()[r.model.req_slot])
+                self._overwrite(*self.cut.row_views(r.model.req_slot))
         return got
 
     def req_free(self, req: Request, **kwargs: Any) -> None:

@@ -83,7 +83,7 @@ def test_a_bad_input_to_a_benchmark_is_one_line_and_exit_2(argv, message):
     [
         (["--hypothesis-profile", "nonexistent"], {}, "--hypothesis-profile=nonexistent: unknown Hypothesis profile"),
         ([], {"HYPOTHESIS_PROFILE": "bogus"}, "HYPOTHESIS_PROFILE=bogus: unknown Hypothesis profile"),
-        (["--cache-impl", "bogus"], {}, "--cache-impl must be 'impl', 'sglang' or MODULE:CLASS, got 'bogus'"),
+        (["--cache-impl", "bogus"], {}, "--cache-impl must be 'impl', 'sglang', 'sglang-CORE' or MODULE:CLASS, got 'bogus'"),
         (["--cache-impl", "collections:OrderedDict"], {}, "--cache-impl collections:OrderedDict: <class"),
         (["--device", "bogus"], {}, "--device: not a torch device: 'bogus'"),
     ],

@@ -303,6 +303,10 @@ class CacheUnderTest:
     def request_rows(self) -> torch.Tensor:
         return self.req_pool.req_to_token
 
+    def row_views(self, slot: int) -> List[torch.Tensor]:
+        """Every tensor that is request slot `slot`'s req_to_token row (one per pool)."""
+        return [self.request_rows()[slot]]
+
     def kv_free_slots(self) -> List[int]:
         """The free KV slots in hand-out order."""
         raise NotImplementedError

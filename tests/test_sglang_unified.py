@@ -1,0 +1,141 @@
+"""The harness pointed at SGLang's `UnifiedRadixCache` (Full + Mamba) on its Python and Rust tree
+cores, and at both side by side (`harness.caches.sglang_unified`, `harness.caches.parity`).
+
+Tests marked `sglang` skip when SGLang is not importable; these also skip, saying so, when the
+installed release has no unified cache the harness drives (`scripts/install-sglang.sh 0.5.23`).
+"""
+
+import dataclasses
+import functools
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from harness.caches import cache_factory, cache_name, cache_release
+from harness.caches.sglang_loader import SHIPS_UNIFIED_RADIX_CACHE, sglang_unavailable, sglang_version
+from harness.driver import Driver, paused_gc
+from harness.engines.hypothesis_engine import machine_for
+from harness.findings import set_aside
+from reference import SGLANG_0_5_20, SGLANG_UNIFIED
+from strategies import SCENARIOS
+from strategies.config import CacheConfig
+
+CONFIG = CacheConfig(kv_size=24, mamba_size=6, req_size=3, max_context_len=32)
+CORES = ["python", "rust"]
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(autouse=True)
+def needs_the_unified_cache():
+    if not sglang_unavailable() and sglang_version() not in SHIPS_UNIFIED_RADIX_CACHE:
+        pytest.skip(f"needs a release with UnifiedRadixCache ({', '.join(SHIPS_UNIFIED_RADIX_CACHE)}); installed: {sglang_version()}")
+
+
+def driver_for(impl: str) -> Driver:
+    factory = cache_factory(impl)
+    return Driver(CONFIG, cache_factory=factory, set_aside=set_aside(["all"], cache_release(factory)))
+
+
+def serve(driver: Driver, *prompts) -> None:
+    """Each prompt arrives and finishes at the end of its prefill; every check after each."""
+    for prompt in prompts:
+        driver.apply("arrive", tokens=list(prompt), extra_key=None, max_new_tokens=1)
+        driver.apply("iterate", tokens=[0], transferred=0)
+        driver.check()
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_cache_under_test_is_the_unified_cache_on_the_named_core(core):
+    cut = cache_factory(f"sglang-{core}")(CONFIG)
+    sgl = cut.sgl
+    assert type(cut.cache) is sgl.UnifiedRadixCache
+    assert cut.cache.tree_components == (sgl.ComponentType.FULL, sgl.ComponentType.MAMBA)
+    assert type(cut.cache.tree_core).__name__ == {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[core]
+    assert type(cut.req_pool) is sgl.HybridReqToTokenPool and type(cut.kv) is sgl.TokenToKVPoolAllocator
+    assert (cut.name, cut.release, cut.rules, cut.default_protocol) == (f"sglang-{core}", sgl.version, SGLANG_UNIFIED, "unified")
+    assert cut.opaque == (core == "rust")  # the Rust core's nodes cannot be read from Python
+
+
+def test_plain_sglang_is_the_python_core_on_0_5_23_and_mamba_radix_cache_on_0_5_20():
+    expected = {"0.5.23": "sglang-python", "0.5.20": "sglang"}[sglang_version()]
+    assert cache_name(cache_factory("sglang")) == expected
+
+
+def test_the_python_core_is_read_white_box():
+    with paused_gc():
+        driver = driver_for("sglang-python")
+        serve(driver, [1, 2, 3], [1, 2, 4])
+        snap = driver.cut.snapshot()
+        assert sorted(p[1] for p in snap.nodes) == [(1, 2), (1, 2, 3), (1, 2, 4)]  # [1, 2] split off
+        assert snap.nodes[(None, (1, 2))].mamba is None  # the upper part of a split holds no state
+        assert sorted(len(p[1]) for p in snap.mamba_lru) == [3, 3] and snap.mamba_links_ok
+        lru = driver.cut.cache.tree_core.lru_lists[driver.cut.MAMBA]
+        first = lru.head.lru_next[lru._pt]
+        first.lru_next[lru._pt].lru_prev[lru._pt] = lru.head  # break one back link
+        assert not driver.cut.snapshot().mamba_links_ok
+        first.lru_next[lru._pt].lru_prev[lru._pt] = first
+        assert driver.cut.snapshot().mamba_links_ok
+
+
+def test_the_rust_core_is_checked_from_outside():
+    with paused_gc():
+        driver = driver_for("sglang-rust")
+        serve(driver, [1, 2, 3], [1, 2, 4])
+        snap = driver.cut.snapshot()
+        assert snap.nodes is None
+        assert sorted(snap.tree_kv) == [1, 2, 3, 6] and len(snap.tree_mamba) == 2  # [1, 2] matched nothing: recomputed, its duplicates freed
+        cut = driver.cut
+        cut.kv.free(cut.indices([1]))  # a slot the tree holds handed back to the pool as well
+        with pytest.raises(AssertionError, match="pool_conservation.*KV slot 1 is owned by both"):
+            driver.check()
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("scenario", ["medium", "chunked", "decode_pressure", "disagg_prefill"])
+def test_with_its_known_findings_set_aside_each_core_agrees_with_the_model(core, scenario, tmp_path):
+    factory = cache_factory(f"sglang-{core}")
+    machine = machine_for(SCENARIOS[scenario], factory, trace_dir=str(tmp_path), set_aside=set_aside(["all"], cache_release(factory)))
+    run_state_machine_as_test(machine, settings=settings(max_examples=15, deadline=None, database=None))
+
+
+def test_the_two_cores_agree_side_by_side(tmp_path):
+    factory = cache_factory("sglang-parity")
+    machine = machine_for(SCENARIOS["lock_heavy"], factory, trace_dir=str(tmp_path), set_aside=set_aside(["all"], cache_release(factory)))
+    run_state_machine_as_test(machine, settings=settings(max_examples=10, deadline=None, database=None))
+
+
+def test_parity_fails_at_the_first_difference_between_the_cores():
+    with paused_gc():
+        driver = driver_for("sglang-parity")
+        serve(driver, [1, 2, 3])
+        rust = driver.cut.rust
+        rust.cache.evict_for_alloc(rust.sgl.EvictParams(num_tokens=3))  # the Rust core alone lets its tree go
+        with pytest.raises(AssertionError, match=r"core_parity.*differs between the tree cores"):
+            serve(driver, [1, 2, 3, 4])
+
+
+# the rules in which the unified cache differs from 0.5.20's MambaRadixCache
+UNIFIED_RULES = [
+    f.name for f in dataclasses.fields(SGLANG_UNIFIED) if f.name != "name" and getattr(SGLANG_UNIFIED, f.name) != getattr(SGLANG_0_5_20, f.name)
+]
+
+
+def test_the_unified_rules_are_the_three_the_source_shows():
+    assert UNIFIED_RULES == ["insert_refreshes_end_state", "kv_decides_node_survival", "caching_rematches"]
+
+
+@pytest.mark.parametrize("rule", UNIFIED_RULES)
+def test_each_unified_rule_is_needed_to_agree_with_it(rule, tmp_path):
+    """Model the unified cache with one of its rules put back as MambaRadixCache has it: the
+    harness must diverge (on the Python core, whose tree it reads)."""
+    factory = cache_factory("sglang-python")
+    rules = dataclasses.replace(SGLANG_UNIFIED, **{rule: getattr(SGLANG_0_5_20, rule)})
+    patched = type(f"UnifiedWithMambaRadixCache{rule}", (factory.func,), {"rules": rules})
+    old_factory = functools.partial(patched, tree_core="python")
+    known = set_aside(["all"], cache_release(factory))
+    machine = machine_for(SCENARIOS["medium"], old_factory, trace_dir=str(tmp_path), set_aside=known)
+    with pytest.raises(Exception, match="lru_lists|trees_equal|pool_conservation|differs"):
+        found_at_all = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True)
+        run_state_machine_as_test(machine, settings=found_at_all)
