@@ -14,7 +14,7 @@ the intended thing and the release fails. What releases changed on purpose is a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 Path = Tuple[Hashable, Tuple[int, ...]]
@@ -85,6 +85,10 @@ SGLANG_UNIFIED = Rules(
     first_req_slot=1,
     req_slots_from_tail=True,
 )
+
+# 0.5.20's UnifiedRadixCache: caching a running request still matched its key again (0.5.23's
+# `checkpoint` takes the node the insert ended on)
+SGLANG_UNIFIED_0_5_20 = replace(SGLANG_UNIFIED, name="unified-0.5.20", caching_rematches=True)
 
 
 class ModelMambaExhausted(Exception):

@@ -180,6 +180,7 @@ def _load_unified_cache(sgl: types.SimpleNamespace) -> None:
     sgl.unified_module = unified
     sgl.UnifiedRadixCache = unified.UnifiedRadixCache
     sgl.ComponentType = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.base").ComponentType
+    sgl.envs = importlib.import_module("sglang.srt.environ").envs
     logging.getLogger(unified.__name__).setLevel(logging.CRITICAL)
 
 

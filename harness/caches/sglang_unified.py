@@ -45,6 +45,7 @@ from reference import SGLANG_UNIFIED
 from strategies.config import CacheConfig
 
 TREE_CORES = ("python", "rust")
+CORE_CLASSES = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}
 MAX_NEW_TOKENS = 1 << 20  # the request's own limit; the harness's protocol decides when it finishes
 
 
@@ -66,6 +67,7 @@ class SglangUnifiedCache(CacheUnderTest):
     mamba_exhausted_error = AssertionError
     tree_core = "python"
     node_objects = False  # nodes are ids
+    kv_dtype = torch.int64  # the dtype the scheduler holds a request's prefix in
 
     def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
         if tree_core is not None:
@@ -100,17 +102,18 @@ class SglangUnifiedCache(CacheUnderTest):
         )
         ct = sgl.ComponentType
         self.FULL, self.MAMBA = ct.FULL, ct.MAMBA
-        self.cache = sgl.UnifiedRadixCache(
-            sgl.CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.req_pool,
-                token_to_kv_pool_allocator=self.kv,
-                page_size=config.page_size,
-                tree_components=(ct.FULL, ct.MAMBA),
-                tree_core_backend=self.tree_core,
-            )
+        params = sgl.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool_allocator=self.kv,
+            page_size=config.page_size,
+            tree_components=(ct.FULL, ct.MAMBA),
         )
-        self.root = self.cache.root_node_handle()
+        # the core is picked as serving picks it (0.5.20 reads only the variable)
+        with sgl.envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(self.tree_core):
+            self.cache = sgl.UnifiedRadixCache(params)
+        if type(self.cache.tree_core).__name__ != CORE_CLASSES[self.tree_core]:
+            raise RuntimeError(f"asked for the {self.tree_core} tree core, SGLang built {type(self.cache.tree_core).__name__}")
         self._kv_data = torch.zeros(config.kv_size + 1, dtype=torch.int64, device=self.device)
         self._extra_locks: Dict[int, List[Any]] = {}  # per request (id()): locks beyond req.lock
 
@@ -122,20 +125,27 @@ class SglangUnifiedCache(CacheUnderTest):
     def new_req(self, rid: int, tokens: Sequence[int], extra_key: Hashable) -> Any:
         sgl = self.sgl
         req = sgl.Req(str(rid), "", array("q", tokens), sgl.SamplingParams(max_new_tokens=MAX_NEW_TOKENS), extra_key=extra_key)
-        req.refresh_fill_ids()
+        self._refresh_fill_ids(req)
         return req
+
+    def _refresh_fill_ids(self, req: Any) -> None:
+        """The request's fill ids are its input and output so far (`Req.refresh_fill_ids`)."""
+        req.refresh_fill_ids()
+
+    def _set_extend_end(self, req: Any, end: int) -> None:
+        req.extend_end = end
 
     def key(self, tokens: Sequence[int], extra_key: Hashable) -> Any:
         return self.sgl.RadixKey(array("q", tokens), extra_key)
 
     def set_fill(self, req: Any, tokens: Sequence[int]) -> None:
         """The request's next extend ends after `tokens` (`req.extend_end`)."""
-        req.refresh_fill_ids()
-        req.extend_end = len(tokens)
+        self._refresh_fill_ids(req)
+        self._set_extend_end(req, len(tokens))
 
     def append_output(self, req: Any, token: int) -> None:
         req.output_ids.append(token)
-        req.refresh_fill_ids()
+        self._refresh_fill_ids(req)
 
     def adopt_match(self, req: Any, match: UnifiedMatch) -> None:
         """`match_kv_cache` and `init_next_round_input`: the prefix and last node, and the
@@ -177,7 +187,7 @@ class SglangUnifiedCache(CacheUnderTest):
             self.mamba_pool.copy_from(req.kv.mamba_cow_src_index, req.kv.mamba_pool_idx.unsqueeze(0))
             req.kv.mamba_cow_src_index = None
         node = result.last_device_node
-        indices = self.cache.path_device_indices(node)[: result.device_prefix_len].to(torch.int64)
+        indices = self._path_kv(node)[: result.device_prefix_len].to(self.kv_dtype)
         return UnifiedMatch(indices, node, result.last_host_node)
 
     def insert(self, key: Any, kv: torch.Tensor, mamba: torch.Tensor) -> Tuple[int, bool]:
@@ -294,10 +304,14 @@ class SglangUnifiedCache(CacheUnderTest):
 
     # ----- reading the tree -------------------------------------------------------------------
 
+    def _path_kv(self, node: int) -> torch.Tensor:
+        """The KV slots from the root to `node` (`path_device_indices` in 0.5.23)."""
+        return self.cache.tree_core.collect_full_device_indices(node, self.cache.root_node_handle())
+
     def node_kv(self, node: Any) -> Tuple[int, ...]:
         """The KV slots of every token from the root to `node` (a node id), as the tree gives
         them: how a node is named when the tree cannot be read (`opaque`)."""
-        return tuple(self.cache.path_device_indices(node).tolist())
+        return tuple(self._path_kv(node).tolist())
 
     def _node(self, node_id: int) -> Any:
         return self.cache.tree_core.node_by_id(node_id)
@@ -427,7 +441,10 @@ class SglangUnifiedCache(CacheUnderTest):
 def unified_factory(version: str, tree_core: str) -> Any:
     """A factory of the `UnifiedRadixCache`s of SGLang `version` on `tree_core` (`parity`: the
     Python and the Rust core side by side, `harness.caches.parity`)."""
-    cls = SglangUnifiedCache
+    if version == "0.5.20":
+        from harness.caches.sglang_unified_0_5_20 import SglangUnified0520Cache as cls
+    else:
+        cls = SglangUnifiedCache
     if tree_core == "parity":
         from harness.caches.parity import ParityCache
 

@@ -4,7 +4,8 @@
                   corrected) plus direct API calls: the protocol `impl` is checked under
   sglang-0.5.4    SGLang 0.5.4's scheduler (`sglang_0_5_4`)
   unified         the contract's calls as the scheduler of the unified-cache era makes them
-                  (`unified`: a chunked request keeps its row between chunks)
+                  (`unified`: a chunked request keeps its row between chunks);
+  unified-0.5.20  the same with 0.5.20's room for three Mamba states per admitted request
 
 `docs/scheduler-protocol.md` maps each release's call sites to the methods that make them.
 """
@@ -16,9 +17,11 @@ from typing import Dict
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.contract import ContractScheduler
 from harness.protocols.sglang_0_5_4 import Sglang054Scheduler
-from harness.protocols.unified import UnifiedScheduler
+from harness.protocols.unified import Unified0520Scheduler, UnifiedScheduler
 
-PROTOCOLS: Dict[str, type] = {cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler, UnifiedScheduler)}
+PROTOCOLS: Dict[str, type] = {
+    cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler, UnifiedScheduler, Unified0520Scheduler)
+}
 
 
 def protocol_class(name: str) -> type:
@@ -29,4 +32,4 @@ def protocol_class(name: str) -> type:
         raise ValueError(f"--protocol must be one of {sorted(PROTOCOLS)}, got {name!r}") from None
 
 
-__all__ = ["PROTOCOLS", "ContractScheduler", "SchedulerProtocol", "Sglang054Scheduler", "UnifiedScheduler", "protocol_class"]
+__all__ = ["PROTOCOLS", "ContractScheduler", "SchedulerProtocol", "Sglang054Scheduler", "Unified0520Scheduler", "UnifiedScheduler", "protocol_class"]

@@ -40,7 +40,9 @@ class UnifiedScheduler(ContractScheduler):
 
     def _ensure_mamba_slots(self, batch: List[Request]) -> None:
         """`ensure_mamba_capacity`: a Mamba slot for each request that holds none."""
-        needed = sum(self.caches.cut.mamba_slot_of(r.cut) is None for r in batch)
+        self._evict_mamba_shortfall(sum(self.caches.cut.mamba_slot_of(r.cut) is None for r in batch))
+
+    def _evict_mamba_shortfall(self, needed: int) -> None:
         available = self.caches.mamba_available()
         if available < needed:
             self.caches.evict_mamba(needed - available)
@@ -52,3 +54,17 @@ class UnifiedScheduler(ContractScheduler):
         if available < n:
             self.caches.evict(n - available)
             self.on_event("KV allocation short: evicted, then retried")
+
+
+MAMBA_STATE_PER_REQ_PREFIX_CACHE = 3  # 0.5.20's mem_cache/common.py
+
+
+class Unified0520Scheduler(UnifiedScheduler):
+    """0.5.20's scheduler for its `UnifiedRadixCache`: as `UnifiedScheduler`, but
+    `alloc_req_slots` makes room for three Mamba states per request of the batch
+    (`MAMBA_STATE_PER_REQ_PREFIX_CACHE`), held or not."""
+
+    name = "unified-0.5.20"
+
+    def _ensure_mamba_slots(self, batch: List[Request]) -> None:
+        self._evict_mamba_shortfall(len(batch) * MAMBA_STATE_PER_REQ_PREFIX_CACHE)
