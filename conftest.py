@@ -6,9 +6,12 @@ Profiles (pick with `--hypothesis-profile NAME`; default `ci` when CI is set, el
   ci       what CI runs: Hypothesis' built-in `ci` profile (derandomized, no database) plus our sizes
   nightly  long programs, many examples, a database kept between runs
 
-`--cache-impl impl|sglang|MODULE:CLASS` picks the cache the state machine and the regression
-traces run against (default `impl`), `--protocol` the scheduler that drives it (default the
-cache's own). Tests marked `sglang` need SGLang importable and skip, saying why, when it is not.
+`--cache-impl impl|sglang|sglang-CORE|MODULE:CLASS` picks the cache the state machine and the
+regression traces run against (default `impl`); `sglang` runs them against every cache of the
+installed release (its MambaRadixCache where it ships one, its UnifiedRadixCache on the Python and
+on the Rust tree core where it ships that). `--protocol` picks the scheduler that drives it
+(default the cache's own). Tests marked `sglang` need SGLang importable and skip, saying why,
+when it is not.
 """
 
 import os
@@ -17,7 +20,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from harness.caches import cache_factory
+from harness.caches import cache_factory, sglang_caches
 from harness.caches.sglang_loader import sglang_unavailable
 from harness.devices import check_device
 from harness.profiles import PROFILES, register_profiles
@@ -71,6 +74,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "sglang" in item.keywords and sglang_missing:
             item.add_marker(skip_sglang)
+
+
+def pytest_generate_tests(metafunc):
+    """`--cache-impl sglang`: each test taking the cache under test runs once per cache of the
+    installed release (`harness.caches.sglang_caches`)."""
+    if "cache_impl" in metafunc.fixturenames and metafunc.config.getoption("--cache-impl") == "sglang":
+        names = sglang_caches()
+        if len(names) > 1:
+            metafunc.parametrize("cache_impl", names)
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
 """`python -m harness`: the command line.
 
-  fuzz [--minutes M | --seconds S] [--device] [--impl] [--protocol] [--profile] [--config NAME ...]
-       [--seed N] [--db DIR|redis://host:port/n] [--report FILE] [--engine hypothesis|random]
-       [--workers N] [--fail-fast] [--trace-dir DIR] [--set-aside FINDING|all ...]
-  replay FILE [--impl impl|sglang|MODULE:CLASS] [--protocol NAME] [--device cpu|cuda] [--verbose]
-       [--to-pytest]
+  fuzz [--minutes M | --seconds S] [--device] [--impl] [--tree-core] [--protocol] [--profile]
+       [--config NAME ...] [--seed N] [--db DIR|redis://host:port/n] [--report FILE]
+       [--engine hypothesis|random] [--workers N] [--fail-fast] [--trace-dir DIR]
+       [--set-aside FINDING|all ...]
+  replay FILE [--impl impl|sglang|sglang-CORE|MODULE:CLASS] [--tree-core python|rust|parity]
+       [--protocol NAME] [--device cpu|cuda] [--verbose] [--to-pytest]
 
 Exit status: 0 when the fuzz found nothing / the trace replays with every check passing, 1 when
 something failed (the report says where and why), 2 when the command or a file is unusable (one
@@ -23,7 +24,7 @@ import os
 import sys
 from typing import List, Optional, TextIO
 
-from harness.caches import cache_factory
+from harness.caches import TREE_CORES, cache_factory, impl_name
 from harness.checks import InvariantViolation
 from harness.devices import check_device
 from harness.fuzz.stop import EXIT_STATUS
@@ -97,6 +98,7 @@ def replay_device(requested: Optional[str], recorded: str) -> str:
 def run_replay(args, out: TextIO) -> int:
     trace = load_trace(args.file)
     try:
+        args.impl = impl_name(args.impl, args.tree_core)
         factory = cache_factory(args.impl)
         if args.protocol is not None:
             protocol_class(args.protocol)
@@ -134,9 +136,13 @@ def run_fuzz(args, out: TextIO) -> int:
     from harness.fuzz import FuzzOptions, fuzz
 
     seconds = args.seconds if args.seconds is not None else 60.0 * (args.minutes if args.minutes is not None else 1.0)
+    try:
+        impl = impl_name(args.impl, args.tree_core)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     options = FuzzOptions(
         seconds=seconds,
-        impl=args.impl,
+        impl=impl,
         protocol=args.protocol,
         profile=args.profile,
         configs=args.config or sorted(SCENARIOS),
@@ -172,7 +178,14 @@ def _budget(text: str) -> float:
     return value
 
 
-IMPL_HELP = "impl (default), sglang (SGLang's own cache, when installed) or MODULE:CLASS, a subclass of impl's MambaRadixCache"
+IMPL_HELP = (
+    "impl (default), sglang (SGLang's own cache, when installed), sglang-CORE (its UnifiedRadixCache on tree core "
+    "CORE) or MODULE:CLASS, a subclass of impl's MambaRadixCache"
+)
+TREE_CORE_HELP = (
+    "with --impl sglang: SGLang's UnifiedRadixCache on its python or rust tree core, or parity (both side by side, "
+    "failing at the first difference); the same as --impl sglang-CORE"
+)
 PROTOCOL_HELP = f"scheduler protocol, one of {sorted(PROTOCOLS)} (default: the cache's own: contract for impl, the release's for sglang)"
 
 
@@ -191,6 +204,7 @@ def build_parser() -> CommandParser:
     budget.add_argument("--seconds", type=_budget, help="time budget in seconds")
     fz.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     fz.add_argument("--impl", default="impl", help=IMPL_HELP)
+    fz.add_argument("--tree-core", default=None, choices=TREE_CORES, help=TREE_CORE_HELP)
     fz.add_argument("--protocol", default=None, help=PROTOCOL_HELP)
     fz.add_argument("--profile", default="nightly", choices=PROFILES,
                     help="Hypothesis profile, for the program length (default nightly)")
@@ -210,6 +224,7 @@ def build_parser() -> CommandParser:
     rp = sub.add_parser("replay", help="replay a trace file with every check on")
     rp.add_argument("file")
     rp.add_argument("--impl", default="impl", help=IMPL_HELP)
+    rp.add_argument("--tree-core", default=None, choices=TREE_CORES, help=TREE_CORE_HELP)
     rp.add_argument("--protocol", default=None, help="scheduler protocol (default: the trace's on the cache that recorded it, else the cache's own)")
     rp.add_argument("--device", default=None, help="torch device (default: the trace's)")
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")

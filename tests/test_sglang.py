@@ -1,4 +1,5 @@
-"""The harness pointed at SGLang's own MambaRadixCache and pools (`harness.caches.sglang_*`).
+"""The harness pointed at SGLang's own MambaRadixCache and pools (`harness.caches.sglang_0_5_*`;
+the unified cache has `test_sglang_unified.py`).
 
 Tests marked `sglang` skip, saying why, when SGLang is not importable; install it with
 `scripts/install-sglang.sh 0.5.4`. `pytest --cache-impl sglang` runs the whole state machine
@@ -12,7 +13,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.caches import cache_factory, cache_release
-from harness.caches.sglang_loader import VirtualClock, sglang_unavailable, sglang_version
+from harness.caches.sglang_loader import SHIPS_MAMBA_RADIX_CACHE, VirtualClock, sglang_unavailable, sglang_version
 from harness.driver import Driver, paused_gc
 from harness.engines.hypothesis_engine import machine_for
 from harness.findings import set_aside
@@ -23,6 +24,11 @@ from strategies.config import CacheConfig
 CONFIG = CacheConfig(kv_size=24, mamba_size=6, req_size=2, max_context_len=32)
 
 
+def needs_mamba_radix_cache() -> None:
+    if sglang_version() not in SHIPS_MAMBA_RADIX_CACHE:
+        pytest.skip(f"needs a release that ships MambaRadixCache ({', '.join(SHIPS_MAMBA_RADIX_CACHE)}); installed: {sglang_version()}")
+
+
 @pytest.mark.skipif(not sglang_unavailable(), reason="SGLang is installed here")
 def test_asking_for_sglang_without_it_names_the_install_command():
     with pytest.raises(ValueError, match="--impl sglang: SGLang cannot be imported .*install-sglang"):
@@ -31,6 +37,7 @@ def test_asking_for_sglang_without_it_names_the_install_command():
 
 @pytest.mark.sglang
 def test_the_cache_under_test_is_sglangs_own_pools_and_cache():
+    needs_mamba_radix_cache()
     cut = cache_factory("sglang")(CONFIG)
     sgl = cut.sgl
     assert type(cut.cache) is sgl.MambaRadixCache
@@ -45,6 +52,7 @@ def test_the_cache_under_test_is_sglangs_own_pools_and_cache():
 
 @pytest.mark.sglang
 def test_the_checks_read_sglangs_lists_and_states():
+    needs_mamba_radix_cache()
     with paused_gc():
         factory = cache_factory("sglang")
         driver = Driver(CONFIG, cache_factory=factory, set_aside=set_aside(["all"], cache_release(factory)))

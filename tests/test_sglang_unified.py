@@ -17,7 +17,7 @@ from harness.caches.sglang_loader import SHIPS_UNIFIED_RADIX_CACHE, sglang_unava
 from harness.driver import Driver, paused_gc
 from harness.engines.hypothesis_engine import machine_for
 from harness.findings import set_aside
-from reference import SGLANG_0_5_20, SGLANG_UNIFIED
+from reference import SGLANG_0_5_20, SGLANG_UNIFIED, SGLANG_UNIFIED_0_5_20
 from strategies import SCENARIOS
 from strategies.config import CacheConfig
 
@@ -54,7 +54,8 @@ def test_the_cache_under_test_is_the_unified_cache_on_the_named_core(core):
     assert cut.cache.tree_components == (sgl.ComponentType.FULL, sgl.ComponentType.MAMBA)
     assert type(cut.cache.tree_core).__name__ == {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[core]
     assert type(cut.req_pool) is sgl.HybridReqToTokenPool and type(cut.kv) is sgl.TokenToKVPoolAllocator
-    assert (cut.name, cut.release, cut.rules, cut.default_protocol) == (f"sglang-{core}", sgl.version, SGLANG_UNIFIED, "unified")
+    rules, protocol = RELEASE_RULES[sgl.version]
+    assert (cut.name, cut.release, cut.rules, cut.default_protocol) == (f"sglang-{core}", sgl.version, rules, protocol)
     assert cut.opaque == (core == "rust")  # the Rust core's nodes cannot be read from Python
 
 
@@ -116,23 +117,40 @@ def test_parity_fails_at_the_first_difference_between_the_cores():
             serve(driver, [1, 2, 3, 4])
 
 
-# the rules in which the unified cache differs from 0.5.20's MambaRadixCache
-UNIFIED_RULES = [
-    f.name for f in dataclasses.fields(SGLANG_UNIFIED) if f.name != "name" and getattr(SGLANG_UNIFIED, f.name) != getattr(SGLANG_0_5_20, f.name)
-]
+# each release's unified rules and protocol, and the other release's rules to compare with
+RELEASE_RULES = {"0.5.23": (SGLANG_UNIFIED, "unified"), "0.5.20": (SGLANG_UNIFIED_0_5_20, "unified-0.5.20")}
+OTHER_RULES = {"0.5.23": SGLANG_UNIFIED_0_5_20, "0.5.20": SGLANG_UNIFIED}
 
 
-def test_the_unified_rules_are_the_three_the_source_shows():
-    assert UNIFIED_RULES == ["insert_refreshes_end_state", "kv_decides_node_survival", "caching_rematches"]
+def changed_rules(version: str):
+    """(rule, the value put back): each rule in which this release's unified cache differs from
+    MambaRadixCache (0.5.20's rules), or else from the other release's unified cache."""
+    rules = RELEASE_RULES[version][0]
+    out = []
+    for f in dataclasses.fields(rules):
+        if f.name == "name":
+            continue
+        for other in (SGLANG_0_5_20, OTHER_RULES[version]):
+            if getattr(other, f.name) != getattr(rules, f.name):
+                out.append((f.name, getattr(other, f.name)))
+                break
+    return out
 
 
-@pytest.mark.parametrize("rule", UNIFIED_RULES)
-def test_each_unified_rule_is_needed_to_agree_with_it(rule, tmp_path):
-    """Model the unified cache with one of its rules put back as MambaRadixCache has it: the
-    harness must diverge (on the Python core, whose tree it reads)."""
+def test_the_unified_rules_are_the_ones_the_source_shows():
+    assert [name for name, _ in changed_rules("0.5.23")] == ["insert_refreshes_end_state", "kv_decides_node_survival", "caching_rematches"]
+    assert changed_rules("0.5.20") == [("insert_refreshes_end_state", False), ("kv_decides_node_survival", False), ("caching_rematches", False)]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_each_unified_rule_is_needed_to_agree_with_it(index, tmp_path):
+    """Model the installed release's unified cache with one of its rules put back as
+    MambaRadixCache (or the other release's unified cache) has it: the harness must diverge (on
+    the Python core, whose tree it reads)."""
+    rule, value = changed_rules(sglang_version())[index]
     factory = cache_factory("sglang-python")
-    rules = dataclasses.replace(SGLANG_UNIFIED, **{rule: getattr(SGLANG_0_5_20, rule)})
-    patched = type(f"UnifiedWithMambaRadixCache{rule}", (factory.func,), {"rules": rules})
+    rules = dataclasses.replace(factory.func.rules, **{rule: value})
+    patched = type(f"UnifiedWithOther{rule}", (factory.func,), {"rules": rules})
     old_factory = functools.partial(patched, tree_core="python")
     known = set_aside(["all"], cache_release(factory))
     machine = machine_for(SCENARIOS["medium"], old_factory, trace_dir=str(tmp_path), set_aside=known)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from impl import MambaRadixCache
 from harness.caches.base import CacheUnderTest
@@ -64,6 +64,18 @@ def sglang_cache_class(tree_core: Optional[str] = None) -> CacheFactory:
     from harness.caches.sglang_0_5_20 import Sglang0520Cache
 
     return Sglang0520Cache
+
+
+def sglang_caches() -> List[str]:
+    """Every cache of the installed SGLang release the harness drives, as `--impl` names: its
+    `MambaRadixCache` where it ships one, and its `UnifiedRadixCache` on each tree core."""
+    from harness.caches.sglang_loader import SHIPS_MAMBA_RADIX_CACHE, SHIPS_UNIFIED_RADIX_CACHE, sglang_version
+
+    version = sglang_version()
+    names = ["sglang"] if version in SHIPS_MAMBA_RADIX_CACHE else []
+    if version in SHIPS_UNIFIED_RADIX_CACHE:
+        names += [f"sglang-{core}" for core in ("python", "rust")]
+    return names
 
 
 def cache_factory(name: str) -> CacheFactory:
@@ -114,4 +126,4 @@ def cache_name(factory: CacheFactory) -> str:
     return cache_class(factory).name
 
 
-__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_class", "cache_factory", "cache_name", "cache_release", "impl_name", "sglang_cache_class"]
+__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_class", "cache_factory", "cache_name", "cache_release", "TREE_CORES", "impl_name", "sglang_cache_class", "sglang_caches"]
