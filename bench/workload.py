@@ -1,34 +1,47 @@
-"""impl against SGLang's `MambaRadixCache`: one serving workload through both, and evict's cost.
+"""impl against SGLang's own hybrid cache: one serving workload through each, and what each
+operation costs.
 
-    python -m bench.workload [--device cpu|cuda] [--caches impl sglang] [--conversations 200] [--repeats 9]
-                             [--nodes 1000 10000 100000] [--seed 0] [--json FILE]
+    python -m bench.workload [--device cpu|cuda] [--caches impl sglang ...] [--conversations 200]
+                             [--repeats 9] [--nodes 1000 10000 100000] [--seed 0] [--json FILE]
+
+The caches: `impl`; with SGLang 0.5.4 installed, `sglang` (its `MambaRadixCache`); with 0.5.23,
+`sglang-python` and `sglang-rust` (its `UnifiedRadixCache` on each tree core). Each cache is
+driven by its own release's calls (`Api054`: 0.5.4's API, which impl shares; `Api0523`: 0.5.23's
+`match_prefix(MatchPrefixParams)`, lock receipts, `ensure_mamba_capacity`, `checkpoint_kv_cache`,
+`release_kv_cache`, `evict_for_alloc` with the shortfall).
 
 1. Throughput. One seeded workload (shared system prompts, multi-turn conversations that extend
    their earlier turns, chunked prefill, decode), served by the same small scheduler loop through
    each cache, batched as SGLang's scheduler batches (one KV allocation per prefill batch and per
    decode batch), with pools sized so KV and Mamba eviction run all the time. The rounds alternate
    between the caches; before each, the previous round's garbage is collected and the heap frozen
-   (SGLang's `freeze_gc`). Prints requests/s for each cache and the ratios (best, median, and the
-   median of the rounds' own ratios, the figure least moved by a noisy machine); the prefix tokens
-   reused and evicted are printed too, and agree when the two caches behave the same.
-2. Evict cost as the tree grows. A tree of N nodes (1k, 10k, 100k), half of its sequences locked
-   and left least recently used, so the LRU tail is locked and internal nodes; then many small
-   `evict` calls, each freeing a few tokens. Prints the median microseconds per call.
+   (SGLang's `freeze_gc`). Prints requests/s for each cache and the ratios against impl (best,
+   median, and the median of the rounds' own ratios, the figure least moved by a noisy machine);
+   the prefix tokens reused and evicted are printed too.
+2. Each operation's cost as the tree grows. A tree of N nodes (1k, 10k, 100k), built by the same
+   seeded inserts in every cache, half of its sequences locked and left least recently used, so
+   the LRU tail is locked and internal nodes; then, timed call by call: `match_prefix` of a cached
+   sequence (with the prefix's KV slots, which 0.5.23 reads in a second call), match + lock +
+   unlock, `insert` of a new sequence, and `evict` freeing a few tokens.
+   Prints the median microseconds per call, and each cache's against impl's. (A request's whole
+   cache work is part 1: seconds per request.)
 
-Both caches use their own pools (impl's with checking mode off, as in production); SGLang is
-built as `harness.caches.sglang_0_5_4` builds it (reading the real clock). Without SGLang installed, only impl is measured.
+Every cache uses its own pools (impl's with checking mode off, as in production); SGLang's are
+built as `harness.caches` builds them (0.5.4's tree reading the real clock). Caches that are not
+installed are left out, saying so.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import random
 import statistics
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -38,17 +51,185 @@ from harness.usage import CommandParser
 from strategies.config import CacheConfig
 
 
+class Api054:
+    """SGLang 0.5.4's calls, which impl shares: locks on nodes, `cache_unfinished_req`,
+    `cache_finished_req`, `evict(n)` for all `n` tokens asked for."""
+
+    def __init__(self, cache: Any, kv: Any, req_pool: Any, key: Callable[[List[int]], Any]):
+        self.cache, self.kv, self.req_pool, self.key = cache, kv, req_pool, key
+        self.mamba_slots = req_pool.mamba_pool
+        self.row_dtype = req_pool.req_to_token.dtype
+
+    def node_count(self) -> Optional[int]:
+        lru = self.cache.full_lru_list
+        return len(lru) if isinstance(self.cache, impl.MambaRadixCache) else len(lru.cache)
+
+    def new_req(self, rid: int, prompt: List[int]) -> Any:
+        return impl.Req(rid, prompt)
+
+    def admit(self, req: Any, prompt: List[int]) -> Tuple[int, int]:
+        """Match with copy-on-write, lock, a request slot (a Mamba state evicted when none is
+        free), the prefix written into the row; returns the prefix length."""
+        match = self.cache.match_prefix(self.key(prompt[:-1]), cow_mamba=True, req=req)
+        req.prefix_indices, req.last_node = match.device_indices, match.last_device_node
+        self.cache.inc_lock_ref(req.last_node)
+        evicted = 0
+        if req.mamba_pool_idx is None and self.mamba_slots.available_size() < 1:
+            self.cache.evict_mamba(1)
+            evicted = 1
+        (req.req_pool_idx,) = self.req_pool.alloc(1, [req])
+        done = len(req.prefix_indices)
+        self.req_pool.write((req.req_pool_idx, slice(0, done)), req.prefix_indices.to(self.row_dtype))
+        return done, evicted
+
+    def row(self, req: Any) -> int:
+        return req.req_pool_idx
+
+    def chunk_done(self, req: Any, prompt: List[int], done: int, first_output: Optional[int]) -> None:
+        """The chunk up to `done` was computed; with its first output token the prompt is done."""
+        req.fill_ids = prompt[:done]
+        if first_output is None:
+            self.cache.cache_unfinished_req(req, chunked=True)
+        else:
+            req.output_ids.append(first_output)
+            self.cache.cache_unfinished_req(req)
+
+    def decoded(self, req: Any, token: int) -> None:
+        req.output_ids.append(token)
+
+    def finish(self, req: Any) -> None:
+        self.cache.cache_finished_req(req)
+
+    def evict_for(self, n: int) -> None:
+        """`evict_from_tree_cache(n)` when the pool has fewer than `n` free."""
+        self.cache.evict(n)
+
+    # one call each, for part 2
+    def match(self, tokens: List[int]) -> Any:
+        return self.cache.match_prefix(self.key(tokens)).last_device_node
+
+    def lock(self, node: Any) -> Any:
+        self.cache.inc_lock_ref(node)
+        return node
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.dec_lock_ref(handle)
+
+    def insert(self, tokens: List[int]) -> None:
+        """A new sequence with fresh KV slots and a state (copies, as from a request's row: an
+        allocator's result may be a view of its whole free list, which the tree would pin); the
+        caller frees what the tree did not take."""
+        kv = self.kv.alloc(len(tokens)).clone()
+        mamba = self.mamba_slots.alloc(1).clone()
+        prefix_len, mamba_exist = self.cache.insert(self.key(tokens), kv, mamba)
+        self.kv.free(kv[:prefix_len])
+        if mamba_exist:
+            self.mamba_slots.free(mamba)
+
+    def evict(self, n: int) -> None:
+        self.cache.evict(n)
+
+
+class Api0523(Api054):
+    """SGLang 0.5.23's calls for its `UnifiedRadixCache`, as its scheduler helpers make them
+    (`harness.caches.sglang_unified` drives the same calls under the harness)."""
+
+    def __init__(self, adapter: Any):
+        super().__init__(adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None))
+        self.adapter, self.sgl = adapter, adapter.sgl
+        self.mamba_slots = adapter.mamba_slots
+        self.allocation = importlib.import_module("sglang.srt.mem_cache.allocation")
+
+    def node_count(self) -> Optional[int]:
+        core = self.cache.tree_core
+        return len(core._node_arena) - 1 if hasattr(core, "_node_arena") else None  # the root aside
+
+    def new_req(self, rid: int, prompt: List[int]) -> Any:
+        return self.adapter.new_req(rid, prompt, None)
+
+    def admit(self, req: Any, prompt: List[int]) -> Tuple[int, int]:
+        """`match_kv_cache` (copy-on-write, deferred copy made at once), `req.lock =
+        tree_cache.lock(...)`, `alloc_req_slots` (`ensure_mamba_capacity`, `alloc(reqs)`), the
+        prefix written into the row."""
+        sgl, cache = self.sgl, self.cache
+        result = cache.match_prefix(sgl.MatchPrefixParams(key=self.key(prompt[:-1]), cow_mamba=True, req=req))
+        if req.kv.mamba_cow_src_index is not None:
+            self.adapter.mamba_pool.copy_from(req.kv.mamba_cow_src_index, req.kv.mamba_pool_idx.unsqueeze(0))
+            req.kv.mamba_cow_src_index = None
+        req.prefix_len = req.kv.cache_protected_len = result.device_prefix_len
+        req.last_node = result.last_device_node
+        req.lock = cache.lock(req.last_node)
+        evicted = 0
+        if not req.kv.holds_mamba and self.mamba_slots.available_size() < 1:
+            evicted = 1
+        self.allocation.ensure_mamba_capacity(self.req_pool, [req], cache)
+        self.req_pool.alloc([req])
+        done = req.prefix_len
+        if done:
+            self.req_pool.write((req.kv.req_pool_idx, slice(0, done)), cache.prefix_device_indices(req).to(self.row_dtype))
+        return done, evicted
+
+    def row(self, req: Any) -> int:
+        return req.kv.req_pool_idx
+
+    def chunk_done(self, req: Any, prompt: List[int], done: int, first_output: Optional[int]) -> None:
+        """`alloc_for_extend`'s bookkeeping, then `checkpoint_kv_cache`."""
+        req.kv.kv_allocated_len = req.kv.kv_committed_len = done
+        if first_output is not None:
+            req.output_ids.append(first_output)
+        req.refresh_fill_ids()
+        req.extend_end = done
+        self.sgl.common.checkpoint_kv_cache(req, self.cache)
+
+    def decoded(self, req: Any, token: int) -> None:
+        """`alloc_for_decode`'s bookkeeping (one more KV slot, committed), then the token."""
+        req.kv.kv_allocated_len += 1
+        req.kv.kv_committed_len += 1
+        req.output_ids.append(token)
+
+    def finish(self, req: Any) -> None:
+        req.finished_reason = self.sgl.FINISH_LENGTH(length=len(req.output_ids))
+        self.sgl.common.release_kv_cache(req, self.cache, checkpoint=True)
+
+    def evict_for(self, n: int) -> None:
+        """`evict_to_free_tokens`: `evict_for_alloc` with the shortfall."""
+        self.cache.evict_for_alloc(self.sgl.EvictParams(num_tokens=n - self.kv.available_size()))
+
+    def match(self, tokens: List[int]) -> Any:
+        """`match_prefix`, and the prefix's KV slots, which 0.5.23's match leaves out (its result
+        is a length and a node id; the scheduler reads the slots with `prefix_device_indices`)
+        and 0.5.4's and impl's return."""
+        cache = self.cache
+        result = cache.match_prefix(self.sgl.MatchPrefixParams(key=self.key(tokens)))
+        cache.tree_core.collect_full_device_indices(result.last_device_node, cache.root_node_handle())
+        return result.last_device_node
+
+    def lock(self, node: Any) -> Any:
+        return self.cache.lock(node)
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.unlock(handle)
+
+    def insert(self, tokens: List[int]) -> None:
+        """0.5.23's insert frees the caller's duplicate KV itself."""
+        kv = self.kv.alloc(len(tokens)).clone()
+        mamba = self.mamba_slots.alloc(1).clone()
+        result = self.cache.insert(self.sgl.InsertParams(key=self.key(tokens), value=kv, mamba_value=mamba))
+        if result.mamba_exist:
+            self.mamba_slots.free(mamba)
+
+    def evict(self, n: int) -> None:
+        self.cache.evict(self.sgl.EvictParams(num_tokens=n))
+
+
 @dataclass
 class Bench:
-    """One cache under measurement with its pools."""
+    """One cache under measurement with its pools and its release's calls."""
 
     name: str
-    cache: Any
-    kv: Any
-    req_pool: Any
-    key: Callable[[List[int]], Any]
+    api: Api054
     device: str
-    on_cuda: bool = field(init=False)  # decided once: settle runs inside the timed evict calls
+    on_cuda: bool = field(init=False)  # decided once: settle runs inside the timed calls
 
     def __post_init__(self) -> None:
         self.on_cuda = torch.device(self.device).type == "cuda"
@@ -59,29 +240,33 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     @property
-    def mamba_pool(self) -> Any:
-        return self.req_pool.mamba_pool
+    def kv(self) -> Any:
+        return self.api.kv
 
-    def node_count(self) -> int:
-        lru = self.cache.full_lru_list
-        return len(lru) if self.name == "impl" else len(lru.cache)
+
+CACHES = ("impl", "sglang", "sglang-python", "sglang-rust")
 
 
 def build(name: str, kv_size: int, mamba_size: int, req_size: int, max_context_len: int, device: str) -> Bench:
-    """`impl` or `sglang` with pools of the given sizes on `device`."""
+    """One of `CACHES` with pools of the given sizes on `device`."""
+    config = CacheConfig(kv_size, mamba_size, req_size, max_context_len, device)
     if name == "impl":
         kv = impl.TokenToKVPoolAllocator(kv_size, device=device, debug=False)
         req_pool = impl.HybridReqToTokenPool(
             size=req_size, mamba_size=mamba_size, max_context_len=max_context_len, device=device, debug=False
         )
         cache = impl.MambaRadixCache(req_pool, kv, page_size=1)
-        return Bench(name, cache, kv, req_pool, lambda tokens: impl.RadixKey(tokens), device)
+        return Bench(name, Api054(cache, kv, req_pool, lambda tokens: impl.RadixKey(tokens)), device)
     if name == "sglang":
         from harness.caches.sglang_0_5_4 import Sglang054Cache
 
-        adapter = Sglang054Cache(CacheConfig(kv_size, mamba_size, req_size, max_context_len, device), virtual_clock=False)
-        return Bench(name, adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None), device)
-    raise ValueError(f"unknown cache {name!r}: expected impl or sglang")
+        adapter = Sglang054Cache(config, virtual_clock=False)
+        return Bench(name, Api054(adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None)), device)
+    if name in ("sglang-python", "sglang-rust"):
+        from harness.caches.sglang_unified import SglangUnifiedCache
+
+        return Bench(name, Api0523(SglangUnifiedCache(config, tree_core=name.split("-")[1])), device)
+    raise ValueError(f"unknown cache {name!r}: expected one of {list(CACHES)}")
 
 
 # ----- 1. the serving workload ----------------------------------------------------------------
@@ -176,56 +361,46 @@ class Server:
 
     def __init__(self, bench: Bench, workload: Workload):
         self.b = bench
+        self.api = bench.api
         self.w = workload
         self.stats = ServeStats()
-        self.row_dtype = bench.req_pool.req_to_token.dtype
+        self.row_dtype = self.api.row_dtype
         self._decoding: List[Running] = []  # the last decode batch, and its slots and positions
         self._rows = self._positions = torch.empty(0, dtype=torch.int64, device=bench.device)
 
     def _kv(self, n: int) -> torch.Tensor:
         """`n` KV slots in the row dtype, evicting first when the pool is short (SGLang's
         `alloc_token_slots`)."""
-        if self.b.kv.available_size() < n:
-            before = self.b.kv.available_size()
-            self.b.cache.evict(n)
+        kv = self.api.kv
+        if kv.available_size() < n:
+            before = kv.available_size()
+            self.api.evict_for(n)
             self.stats.evict_calls += 1
-            self.stats.evicted_tokens += self.b.kv.available_size() - before
-        slots = self.b.kv.alloc(n)
+            self.stats.evicted_tokens += kv.available_size() - before
+        slots = kv.alloc(n)
         if slots is None:
             raise RuntimeError(f"{self.b.name}: out of KV slots (need {n}); the workload's pools are too small")
         return slots.to(self.row_dtype)
 
     def admit(self, rid: int, spec: RequestSpec) -> Running:
-        req = impl.Req(rid, spec.prompt)
-        match = self.b.cache.match_prefix(self.b.key(spec.prompt[:-1]), cow_mamba=True, req=req)
-        req.prefix_indices, req.last_node = match.device_indices, match.last_device_node
-        self.b.cache.inc_lock_ref(req.last_node)
-        if req.mamba_pool_idx is None and self.b.mamba_pool.available_size() < 1:
-            self.b.cache.evict_mamba(1)
-            self.stats.evict_mamba_calls += 1
-        (req.req_pool_idx,) = self.b.req_pool.alloc(1, [req])
-        done = len(req.prefix_indices)
-        self.b.req_pool.write((req.req_pool_idx, slice(0, done)), req.prefix_indices.to(self.row_dtype))
+        req = self.api.new_req(rid, spec.prompt)
+        done, evicted_mamba = self.api.admit(req, spec.prompt)
+        self.stats.evict_mamba_calls += evicted_mamba
         self.stats.reused_tokens += done
         return Running(req, spec, done)
 
     def prefill(self, batch: List[Running]) -> None:
-        """The next chunk of each request in `batch`, then `cache_unfinished_req` for each
+        """The next chunk of each request in `batch`, then the request goes into the tree
         (chunked until its prompt is done; then it gets its first output token)."""
         sizes = [min(self.w.chunk, run.prompt_len - run.done) for run in batch]
         slots = self._kv(sum(sizes))
         offset = 0
         for run, n in zip(batch, sizes):
             req, prompt = run.req, run.spec.prompt
-            self.b.req_pool.write((req.req_pool_idx, slice(run.done, run.done + n)), slots[offset : offset + n])
+            self.api.req_pool.write((self.api.row(req), slice(run.done, run.done + n)), slots[offset : offset + n])
             offset += n
             run.done += n
-            req.fill_ids = prompt[: run.done]
-            if run.done < len(prompt):
-                self.b.cache.cache_unfinished_req(req, chunked=True)
-            else:
-                req.output_ids.append(run.spec.output[0])
-                self.b.cache.cache_unfinished_req(req)
+            self.api.chunk_done(req, prompt, run.done, None if run.done < len(prompt) else run.spec.output[0])
 
     def decode(self, batch: List[Running]) -> None:
         """One output token for each request in `batch`: the KV slot of its last token, then the
@@ -234,18 +409,18 @@ class Server:
         slots = self._kv(len(batch))
         if batch != self._decoding:  # Running has no __eq__: the same requests, in order
             self._decoding = batch
-            self._rows = torch.tensor([run.req.req_pool_idx for run in batch], device=self.b.device)
+            self._rows = torch.tensor([self.api.row(run.req) for run in batch], device=self.b.device)
             self._positions = torch.tensor(
                 [run.prompt_len + len(run.req.output_ids) - 1 for run in batch], device=self.b.device
             )
         else:
             self._positions += 1
-        self.b.req_pool.write((self._rows, self._positions), slots)
+        self.api.req_pool.write((self._rows, self._positions), slots)
         for run in batch:
-            run.req.output_ids.append(run.spec.output[len(run.req.output_ids)])
+            self.api.decoded(run.req, run.spec.output[len(run.req.output_ids)])
 
     def finish(self, run: Running) -> None:
-        self.b.cache.cache_finished_req(run.req)
+        self.api.finish(run.req)
         self.stats.requests += 1
 
     def serve(self) -> ServeStats:
@@ -288,78 +463,106 @@ def serve(name: str, workload: Workload, device: str) -> ServeStats:
         gc.unfreeze()
 
 
-# ----- 2. evict as the tree grows -------------------------------------------------------------
+# ----- 2. each operation as the tree grows ------------------------------------------------------
+
+OPERATIONS = ("match", "match + lock + unlock", "insert", "evict")
 
 
-def grow_tree(bench: Bench, nodes: int, rng: random.Random) -> List[List[int]]:
-    """Insert seeded sequences (sharing prefixes, so the tree has internal nodes) until it has
-    `nodes` nodes; lock half of them and refresh the other half, so locked and internal nodes
-    fill the least recently used end. Returns the unlocked sequences."""
+def grow_tree(bench: Bench, nodes: int, rng: random.Random, sequences: Optional[int] = None) -> Tuple[int, List[List[int]], List[Any]]:
+    """Insert seeded sequences (sharing prefixes, so the tree has internal nodes) until the tree
+    has `nodes` nodes (or exactly `sequences` of them, for a cache whose nodes cannot be counted:
+    the same seeded inserts build the same tree in every correct cache); lock half of them and
+    refresh the other half, so locked and internal nodes fill the least recently used end.
+    Returns the sequences inserted, the unlocked sequences and the lock handles."""
+    api = bench.api
     unlocked: List[List[int]] = []
     locked: List[List[int]] = []
-    while bench.node_count() < nodes:
+    inserted = 0
+    while (api.node_count() < nodes) if sequences is None else (inserted < sequences):
         tokens = [rng.randrange(8) for _ in range(rng.randint(6, 14))]
-        # the tree gets a copy, as from a request's row in a real scheduler: an allocator's
-        # result may be a view of its whole free list, which the tree would otherwise pin
-        kv = bench.kv.alloc(len(tokens)).clone()
-        mamba = bench.mamba_pool.alloc(1).clone()
-        prefix_len, mamba_exist = bench.cache.insert(bench.key(tokens), kv, mamba)
-        bench.kv.free(kv[:prefix_len])
-        if mamba_exist:
-            bench.mamba_pool.free(mamba)
+        api.insert(tokens)
+        inserted += 1
         (locked if rng.random() < 0.5 else unlocked).append(tokens)
-    for tokens in locked:
-        bench.cache.inc_lock_ref(bench.cache.match_prefix(bench.key(tokens)).last_device_node)
+    handles = [api.lock(api.match(tokens)) for tokens in locked]
     for tokens in unlocked:
-        bench.cache.match_prefix(bench.key(tokens))
-    return unlocked
+        api.match(tokens)
+    return inserted, unlocked, handles
 
 
-def evict_cost(name: str, nodes: int, device: str, seed: int, calls: int = 200, tokens_per_call: int = 4) -> Dict[str, float]:
-    """Median, mean and largest microseconds of `evict(tokens_per_call)` on a tree of `nodes` nodes."""
+def operation_costs(
+    name: str, nodes: int, device: str, seed: int, sequences: Optional[int] = None, calls: int = 200, tokens_per_call: int = 4
+) -> Dict[str, Any]:
+    """Median microseconds per call of each of `OPERATIONS` on a tree of `nodes` nodes (built by
+    `sequences` inserts, when given), and how many sequences built it."""
     rng = random.Random(seed)
-    bench = build(name, kv_size=nodes * 16 + 64, mamba_size=nodes * 2 + 64, req_size=1, max_context_len=16, device=device)
-    grow_tree(bench, nodes, rng)
-    size_before = bench.node_count()
-    times = []
-    bench.settle()
-    for _ in range(calls):
-        started = time.perf_counter()
-        bench.cache.evict(tokens_per_call)
+    bench = build(name, kv_size=nodes * 16 + 64 + calls * 16, mamba_size=nodes * 2 + 64 + calls,
+                  req_size=1, max_context_len=16, device=device)
+    api = bench.api
+    inserted, unlocked, _ = grow_tree(bench, nodes, rng, sequences)
+    fresh = random.Random(seed + 1)
+    new_sequences = [[8 + fresh.randrange(8) for _ in range(fresh.randint(6, 14))] for _ in range(calls)]
+
+    def timed(call: Callable[[int], None]) -> float:
+        times = []
         bench.settle()
-        times.append(time.perf_counter() - started)
-    return {
-        "nodes": size_before,
-        "median_us": round(statistics.median(times) * 1e6, 1),
-        "mean_us": round(statistics.mean(times) * 1e6, 1),
-        "max_us": round(max(times) * 1e6, 1),
-        "evicted_nodes": size_before - bench.node_count(),
+        for i in range(calls):
+            started = time.perf_counter()
+            call(i)
+            bench.settle()
+            times.append(time.perf_counter() - started)
+        return round(statistics.median(times) * 1e6, 1)
+
+    costs = {
+        "match": timed(lambda i: api.match(unlocked[i % len(unlocked)])),
+        "match + lock + unlock": timed(lambda i: api.unlock(api.lock(api.match(unlocked[i % len(unlocked)])))),
+        "insert": timed(lambda i: api.insert(new_sequences[i])),
+        "evict": timed(lambda i: api.evict(tokens_per_call)),
     }
+    return {"nodes": nodes, "sequences": inserted, "median_us": costs}
 
 
 # ----- the command ----------------------------------------------------------------------------
 
 
-def available_caches(requested: Optional[List[str]]) -> List[str]:
+def installed_caches() -> Tuple[List[str], str]:
+    """The SGLang caches the installed release offers the benchmark, and why not, when none."""
     from harness.caches.sglang_loader import sglang_unavailable, sglang_version
 
     why = sglang_unavailable()
-    if not why and sglang_version() != "0.5.4":
-        # the workload calls the cache with 0.5.4's API, the release the benchmark compares with
-        why = f"the benchmark drives SGLang 0.5.4's API; SGLang {sglang_version()} is installed"
+    if why:
+        return [], why
+    version = sglang_version()
+    if version == "0.5.4":
+        return ["sglang"], ""
+    if version == "0.5.23":
+        return ["sglang-python", "sglang-rust"], ""
+    return [], f"the benchmark drives SGLang 0.5.4's and 0.5.23's APIs; SGLang {version} is installed"
+
+
+def available_caches(requested: Optional[List[str]]) -> List[str]:
+    offered, why = installed_caches()
     if requested is None:
         if why:
             print(f"sglang: not measured: {why}")
-            return ["impl"]
-        return ["impl", "sglang"]
-    if "sglang" in requested and why:
-        raise SystemExit(f"error: --caches sglang: {why}")
+        return ["impl"] + offered
+    missing = [name for name in requested if name != "impl" and name not in offered]
+    if missing:
+        raise SystemExit(f"error: --caches {' '.join(missing)}: {why or f'the installed SGLang offers {offered}'}")
     return requested
+
+
+def _ratio_line(label: str, seconds: Dict[str, float], rounds: Dict[str, List[float]], name: str) -> str:
+    best = seconds[name] / seconds["impl"]
+    median = statistics.median(rounds[name]) / statistics.median(rounds["impl"])
+    paired = statistics.median(s / i for s, i in zip(rounds[name], rounds["impl"]))
+    return (f"  impl / {label} throughput: {best:.2f}x (best against best; {median:.2f}x median against median; "
+            f"{paired:.2f}x median of the {len(rounds[name])} rounds' ratios)"), {
+        "best": round(best, 3), "median": round(median, 3), "paired_median": round(paired, 3)}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = CommandParser(prog="python -m bench.workload", description=__doc__.splitlines()[0])
-    parser.add_argument("--caches", nargs="+", choices=("impl", "sglang"), help="default: impl, and sglang when installed")
+    parser.add_argument("--caches", nargs="+", choices=CACHES, help="default: impl, and SGLang's caches when installed")
     parser.add_argument("--conversations", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=9, help="serve the workload this many times through each cache (default 9)")
     parser.add_argument("--nodes", nargs="+", type=int, default=[1000, 10000, 100000])
@@ -371,10 +574,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                      f"{args.repeats} and {args.nodes}")
     caches = available_caches(args.caches)
     versions = {"impl": impl.__version__}
-    if "sglang" in caches:
+    if len(caches) > 1 or caches[0] != "impl":
         from harness.caches.sglang_loader import sglang_version
 
-        versions["sglang"] = sglang_version()
+        versions.update({name: sglang_version() for name in caches if name != "impl"})
 
     workload = make_workload(args.seed, args.conversations)
     print(
@@ -384,7 +587,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     served: Dict[str, ServeStats] = {}
     rounds: Dict[str, List[float]] = {name: [] for name in caches}
-    for _ in range(args.repeats):  # interleaved, so both see the same machine load
+    for _ in range(args.repeats):  # interleaved, so every cache sees the same machine load
         for name in caches:
             stats = serve(name, workload, args.device)
             rounds[name].append(stats.seconds)
@@ -392,31 +595,35 @@ def main(argv: Optional[List[str]] = None) -> int:
                 served[name] = stats
     for name, stats in served.items():
         print(
-            f"  {name:>7} {versions[name]:>7}: {stats.requests / stats.seconds:8.1f} requests/s  "
+            f"  {name:>13} {versions[name]:>7}: {stats.requests / stats.seconds:8.1f} requests/s, "
+            f"{stats.seconds / stats.requests * 1e6:7.0f} us of cache work a request  "
             f"(best of {args.repeats}: {stats.seconds:.2f} s, median {statistics.median(rounds[name]):.2f} s; "
             f"prefix tokens reused {stats.reused_tokens}, evict calls {stats.evict_calls}, tokens evicted "
-            f"{stats.evicted_tokens}, evict_mamba calls {stats.evict_mamba_calls})"
+            f"{stats.evicted_tokens}, Mamba evictions {stats.evict_mamba_calls})"
         )
-    ratios: Dict[str, float] = {}
-    if len(served) == 2:
-        ratio = served["sglang"].seconds / served["impl"].seconds
-        median_ratio = statistics.median(rounds["sglang"]) / statistics.median(rounds["impl"])
-        paired = statistics.median(s / i for s, i in zip(rounds["sglang"], rounds["impl"]))
-        print(f"  impl / sglang throughput: {ratio:.2f}x (best against best; {median_ratio:.2f}x median against median; "
-              f"{paired:.2f}x median of the {args.repeats} rounds' ratios)")
-        ratios = {"best": round(ratio, 3), "median": round(median_ratio, 3), "paired_median": round(paired, 3)}
+    ratios: Dict[str, Dict[str, float]] = {}
+    if "impl" in served:
+        for name in served:
+            if name != "impl":
+                line, ratios[name] = _ratio_line(name, {n: s.seconds for n, s in served.items()}, rounds, name)
+                print(line)
 
-    print("evict(4) on a tree with half its sequences locked at the LRU end (median, and largest, microseconds per call):")
-    costs: Dict[str, Dict[int, Dict[str, float]]] = {name: {} for name in caches}
+    print("each operation on a tree with half its sequences locked at the LRU end (median microseconds per call):")
+    costs: Dict[str, Dict[int, Dict[str, Any]]] = {name: {} for name in caches}
     for nodes in args.nodes:
-        line = f"  {nodes:>7} nodes:"
-        for name in caches:
-            cost = evict_cost(name, nodes, args.device, args.seed)
+        sequences = None
+        for name in sorted(caches, key=lambda n: n != "impl"):  # impl first: it counts its nodes
+            cost = operation_costs(name, nodes, args.device, args.seed, sequences)
+            sequences = sequences or cost["sequences"]
             costs[name][nodes] = cost
-            line += f"  {name} {cost['median_us']:>9.1f} us (max {cost['max_us']:.0f})"
-        if len(caches) == 2:
-            line += f"  (sglang / impl {costs['sglang'][nodes]['median_us'] / costs['impl'][nodes]['median_us']:.1f}x)"
-        print(line)
+        print(f"  {nodes:>7} nodes ({sequences} sequences):")
+        for op in OPERATIONS:
+            line = f"    {op:>22}:"
+            for name in caches:
+                line += f"  {name} {costs[name][nodes]['median_us'][op]:>8.1f}"
+                if name != "impl" and "impl" in costs:
+                    line += f" ({costs[name][nodes]['median_us'][op] / costs['impl'][nodes]['median_us'][op]:.1f}x impl)"
+            print(line)
 
     if args.json:
         result = {
@@ -430,8 +637,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   "reused_tokens": s.reused_tokens, "evict_calls": s.evict_calls,
                                   "evicted_tokens": s.evicted_tokens, "evict_mamba_calls": s.evict_mamba_calls}
                            for name, s in served.items()},
-            "impl_over_sglang": ratios,
-            "evict": {name: {str(n): c for n, c in per.items()} for name, per in costs.items()},
+            "impl_over": ratios,
+            "operations": {name: {str(n): c for n, c in per.items()} for name, per in costs.items()},
         }
         write_json(args.json, result)
     return 0

@@ -7,6 +7,7 @@ installed release has no unified cache the harness drives (`scripts/install-sgla
 
 import dataclasses
 import functools
+import json
 
 import pytest
 from hypothesis import Phase, settings
@@ -157,3 +158,19 @@ def test_each_unified_rule_is_needed_to_agree_with_it(index, tmp_path):
     with pytest.raises(Exception, match="lru_lists|trees_equal|pool_conservation|differs"):
         found_at_all = settings(max_examples=300, deadline=None, database=None, phases=[Phase.generate], derandomize=True)
         run_state_machine_as_test(machine, settings=found_at_all)
+
+
+def test_the_workload_benchmark_serves_every_request_through_both_cores(tmp_path):
+    from bench import workload
+
+    if sglang_version() != "0.5.23":
+        pytest.skip(f"the benchmark drives 0.5.23's unified cache (installed: {sglang_version()})")
+    out = tmp_path / "workload.json"
+    argv = ["--caches", "impl", "sglang-python", "sglang-rust", "--conversations", "6", "--repeats", "1", "--nodes", "60"]
+    assert workload.main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    python, rust = result["throughput"]["sglang-python"], result["throughput"]["sglang-rust"]
+    assert python["reused_tokens"] > 0
+    # the same calls on the two cores reuse and evict the same tokens
+    assert (python["reused_tokens"], python["evicted_tokens"]) == (rust["reused_tokens"], rust["evicted_tokens"])
+    assert set(result["operations"]["sglang-rust"]["60"]["median_us"]) == {"match", "match + lock + unlock", "insert", "evict"}
