@@ -113,12 +113,13 @@ class RemovedNodesStayLinked(KnownFinding):
 
 class ResetDropsLinkedTree(KnownFinding):
     name = "reset-drops-linked-tree"
-    releases = ("0.5.4", "0.5.20")
+    releases = ("0.5.4", "0.5.20", "0.5.23")
     check = "node_reclaimed"
     summary = (
         "reset() (a cache flush) replaces the root and the LRU lists but leaves the old tree's nodes referring to "
         "each other (parent, children, LRU pointers): the whole old tree, its index tensors included, is freed only "
-        "by a full collection"
+        "by a full collection (MambaRadixCache in 0.5.4 and 0.5.20; UnifiedRadixCache's Python tree core in 0.5.20 "
+        "and 0.5.23)"
     )
     set_aside = "node_reclaimed passes over nodes of a tree a reset dropped that only other nodes' links reach"
     tolerated = ("node_reclaimed", "a reset tree's links")

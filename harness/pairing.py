@@ -115,7 +115,8 @@ class PairedCaches:
     def remember(self, node: Any) -> None:
         """Keep a weak reference to a node a match returned (the lock-an-evicted-node misuse
         tries nodes that left the tree but are still referred to)."""
-        if self.cut.node_objects and node is not self.cut.cache.root_node:
+        node = self.cut.node_object(node) if self.cut.node_objects else None
+        if node is not None and node is not self.cut.cache.root_node:
             alive = [r for r in self.recent_nodes if r() is not None and r() is not node]
             self.recent_nodes = alive[-(RECENT_NODES - 1) :] + [weakref.ref(node)]
 

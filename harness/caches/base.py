@@ -49,7 +49,8 @@ class CacheUnderTest:
     # whether the tree's nodes cannot be read (the checks then use what the cache reports from
     # outside: `snapshot().nodes` is None and a node is named by `node_kv`, not `path_of`)
     opaque: bool = False
-    # whether nodes are Python objects with parent links (the memory check follows them), not ids
+    # whether the tree's nodes are Python objects with parent links that the memory check can
+    # follow (`node_object` gives the object for what the cache hands out)
     node_objects: bool = True
 
     config: CacheConfig
@@ -274,6 +275,10 @@ class CacheUnderTest:
             if node is None:
                 return ("<detached>", tuple(t for seg in reversed(segments) for t in seg))
         return (extra, tuple(t for seg in reversed(segments) for t in seg)) if segments else ROOT_PATH
+
+    def node_object(self, node: Any) -> Any:
+        """The node object for what the cache hands out as a node (the node itself, or an id)."""
+        return node
 
     def node_kv(self, node: Any) -> Tuple[int, ...]:
         """The KV slots from the root to `node`, as the cache gives them (for `opaque` caches)."""

@@ -32,6 +32,7 @@ the meaning of the data (`opaque = True`).
 from __future__ import annotations
 
 import functools
+import weakref
 from array import array
 from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -66,7 +67,6 @@ class SglangUnifiedCache(CacheUnderTest):
     misuse_error = AssertionError
     mamba_exhausted_error = AssertionError
     tree_core = "python"
-    node_objects = False  # nodes are ids
     kv_dtype = torch.int64  # the dtype the scheduler holds a request's prefix in
 
     def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
@@ -75,7 +75,9 @@ class SglangUnifiedCache(CacheUnderTest):
         if self.tree_core not in TREE_CORES:
             raise ValueError(f"--tree-core must be one of {list(TREE_CORES)}, got {self.tree_core!r}")
         self.name = f"sglang-{self.tree_core}"
+        # the Python core's nodes are objects the memory check follows; the Rust core's are not
         self.opaque = self.tree_core == "rust"
+        self.node_objects = not self.opaque
         sgl = load_sglang()
         self.sgl = sgl
         self.release = sgl.version
@@ -316,6 +318,10 @@ class SglangUnifiedCache(CacheUnderTest):
     def _node(self, node_id: int) -> Any:
         return self.cache.tree_core.node_by_id(node_id)
 
+    def node_object(self, node: Any) -> Any:
+        """The Python core's node object for a node id (None once it left the tree)."""
+        return None if node is None else self.cache.tree_core._node_arena.get(node)
+
     def path_of(self, node: Any) -> Optional[Path]:
         if node is None:
             return None
@@ -358,6 +364,7 @@ class SglangUnifiedCache(CacheUnderTest):
         nodes: Dict[Path, NodeView] = {}
         tensors: List[TensorView] = []
         by_node: Dict[int, Path] = {}
+        refs = {id(node): weakref.ref(node) for node, _, _ in walked}
         for node, path, parent in walked:
             full, mamba = node.component_data[FULL], node.component_data[MAMBA]
             kv = () if full.value is None else tuple(full.value.tolist())
@@ -383,7 +390,7 @@ class SglangUnifiedCache(CacheUnderTest):
             kv_free=self.kv_free_slots(),
             mamba_free=self.mamba_free_slots(),
             req_free=self.req_free_slots(),
-            node_refs={},
+            node_refs=refs,
             tensors=tensors,
         )
 

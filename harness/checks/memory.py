@@ -119,7 +119,9 @@ class NodeReclamation:
 
 
 # what refers to a removed node when only the tree's own links keep it (see `_holders`)
-NODE_LINKS = {f"TreeNode.{field}" for field in ("prev", "next", "mamba_prev", "mamba_next", "parent", "children")}
+NODE_LINKS = {f"TreeNode.{field}" for field in ("prev", "next", "mamba_prev", "mamba_next", "parent", "children")} | {
+    f"UnifiedTreeNode.{field}" for field in ("lru_prev", "lru_next", "parent", "children")
+}
 
 
 def _root_of(node: object) -> object:
@@ -142,7 +144,19 @@ def _holders(node: object, ignore: object) -> List[str]:
 
 def _names(holder: object, value: object) -> List[str]:
     """How `holder` refers to `value`: `Type.attribute` when it is an object's attribute, or
-    an object's `__dict__`, or a dict an object keeps as an attribute (a node's `children`)."""
+    an object's `__dict__`, or a dict or list an object keeps as an attribute (a node's
+    `children`, its per-list LRU links)."""
+    if isinstance(holder, list):
+        for owner in gc.get_referrers(holder):
+            if isinstance(owner, types.FrameType):
+                continue
+            if isinstance(owner, dict):  # an attribute dict (or a dict the list is a value of)
+                names = _names(owner, holder)
+            else:  # an object keeping its attributes inline
+                names = [f"{type(owner).__name__}.{k}" for k, v in getattr(owner, "__dict__", {}).items() if v is holder]
+            if names and names != ["dict"]:
+                return names
+        return ["list"]
     if not isinstance(holder, dict):
         names = [f"{type(holder).__name__}.{k}" for k, v in getattr(holder, "__dict__", {}).items() if v is value]
         return names or [type(holder).__name__]

@@ -102,7 +102,7 @@ class SchedulerProtocol:
         ancestors): alive whether or not they are still in the tree."""
         cut = self.caches.cut
         for r in self.referenced_requests():
-            node = cut.last_node_of(r.cut)
+            node = cut.node_object(cut.last_node_of(r.cut))
             while node is not None:
                 yield node
                 node = node.parent
