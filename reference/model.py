@@ -71,19 +71,8 @@ SGLANG_0_5_20 = Rules(
 
 # SGLang's UnifiedRadixCache (Full + Mamba components), the hybrid cache 0.5.20's scheduler
 # builds and the only one from 0.5.21 on
-SGLANG_UNIFIED = Rules(
-    "unified",
-    match_refreshes_mamba_path=False,
-    insert_refreshes_mamba=False,
-    split_refreshes_mamba=False,
-    insert_refreshes_end_node=True,
-    insert_refreshes_end_state=True,
-    kv_decides_node_survival=True,
-    caching_rematches=False,
-    insert_frees_duplicate_kv=True,
-    first_mamba_slot=1,
-    first_req_slot=1,
-    req_slots_from_tail=True,
+SGLANG_UNIFIED = replace(
+    SGLANG_0_5_20, name="unified", insert_refreshes_end_state=True, kv_decides_node_survival=True, caching_rematches=False
 )
 
 # 0.5.20's UnifiedRadixCache: caching a running request still matched its key again (0.5.23's

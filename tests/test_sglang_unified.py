@@ -174,3 +174,4 @@ def test_the_workload_benchmark_serves_every_request_through_both_cores(tmp_path
     # the same calls on the two cores reuse and evict the same tokens
     assert (python["reused_tokens"], python["evicted_tokens"]) == (rust["reused_tokens"], rust["evicted_tokens"])
     assert set(result["operations"]["sglang-rust"]["60"]["median_us"]) == {"match", "match + lock + unlock", "insert", "evict"}
+

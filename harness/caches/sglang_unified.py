@@ -245,15 +245,8 @@ class SglangUnifiedCache(CacheUnderTest):
     dec_lock_ref = inc_lock_ref
 
     def reset(self) -> None:
-        self.cache.reset()
+        super().reset()
         self._extra_locks.clear()
-
-    def sanity_check(self) -> None:
-        self.cache.sanity_check()
-
-    def sizes(self) -> Tuple[int, int, int, int]:
-        c = self.cache
-        return (c.full_evictable_size(), c.full_protected_size(), c.mamba_evictable_size(), c.mamba_protected_size())
 
     # ----- the pools' calls -------------------------------------------------------------------
 
