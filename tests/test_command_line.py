@@ -55,6 +55,9 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
         (["fuzz", "--engine", "quantum"], "argument --engine: invalid choice: 'quantum'"),
         (["fuzz", "--config", "enormous"], "argument --config: invalid choice: 'enormous'"),
         (["fuzz", "--workers", "0"], "--workers must be at least 1, got 0"),
+        (["fuzz", "--tree-core", "rust"], "--tree-core applies to --impl sglang only, not to 'impl'"),
+        (["fuzz", "--impl", "sglang", "--tree-core", "c++"], "argument --tree-core: invalid choice: 'c++'"),
+        (["replay", TRACE, "--tree-core", "parity"], "--tree-core applies to --impl sglang only, not to 'impl'"),
     ],
 )
 def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):
