@@ -324,21 +324,9 @@ class CacheUnderTest:
 
     def snapshot(self) -> Snapshot:
         cache = self.cache
-        root = cache.root_node
-        walked = []  # (node, its path, its parent's path) in the order the walk meets them
-        path_by_id: Dict[int, Path] = {}
-        refs: Dict[int, Any] = {}
-        stack = [(root, ROOT_PATH)]
-        while stack:
-            node, path = stack.pop()
-            parent = None if node is root else path
-            for child in node.children.values():
-                key = child.key
-                child_path = (key.extra_key, path[1] + tuple(key.token_ids))
-                walked.append((child, child_path, parent))
-                path_by_id[id(child)] = child_path
-                refs[id(child)] = weakref.ref(child)
-                stack.append((child, child_path))
+        walked = walk_tree(cache.root_node)
+        path_by_id: Dict[int, Path] = {id(node): path for node, path, _ in walked}
+        refs: Dict[int, Any] = {id(node): weakref.ref(node) for node, _, _ in walked}
         tensors = []
         for node, path, _ in walked:
             tensors.append(_view(path, "KV slots", node.value))
@@ -399,6 +387,22 @@ class CacheUnderTest:
             )
             stack.extend((child, depth + 1) for child in reversed(list(node.children.values())))
         return "\n".join(lines) or "(empty tree)"
+
+
+def walk_tree(root: Any) -> List[Tuple[Any, Path, Optional[Path]]]:
+    """Every node below `root` (nodes with `children` and a `key`), each with its path and its
+    parent's path (None under the root), in the order a depth-first walk meets them."""
+    walked = []
+    stack = [(root, ROOT_PATH)]
+    while stack:
+        node, path = stack.pop()
+        parent = None if node is root else path
+        for child in node.children.values():
+            key = child.key
+            child_path = (key.extra_key, path[1] + tuple(key.token_ids))
+            walked.append((child, child_path, parent))
+            stack.append((child, child_path))
+    return walked
 
 
 def _view(path: Path, field: str, tensor: torch.Tensor) -> TensorView:

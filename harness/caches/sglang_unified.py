@@ -38,7 +38,7 @@ from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tu
 
 import torch
 
-from harness.caches.base import ROOT_PATH, CacheUnderTest, storage_of
+from harness.caches.base import CacheUnderTest, storage_of, walk_tree
 from harness.caches.sglang_0_5_20 import MAMBA_CACHE_CHUNK_SIZE, _publish_server_args
 from harness.caches.sglang_loader import load_sglang, tiny_mamba_params
 from harness.snapshot import NodeView, Path, Snapshot, TensorView
@@ -308,46 +308,23 @@ class SglangUnifiedCache(CacheUnderTest):
         them: how a node is named when the tree cannot be read (`opaque`)."""
         return tuple(self._path_kv(node).tolist())
 
-    def _node(self, node_id: int) -> Any:
-        return self.cache.tree_core.node_by_id(node_id)
-
     def node_object(self, node: Any) -> Any:
         """The Python core's node object for a node id (None once it left the tree)."""
         return None if node is None else self.cache.tree_core._node_arena.get(node)
 
     def path_of(self, node: Any) -> Optional[Path]:
-        if node is None:
-            return None
+        """The path of a node (an id) of the Python core, or None for no node or one that left
+        the tree."""
         if self.opaque:
             raise NotImplementedError("the Rust tree core's nodes cannot be read; name them by node_kv")
-        obj = self._node(node) if isinstance(node, int) else node
-        segments = []
-        extra = None
-        root = self.cache.tree_core.root_node
-        while obj is not root:
-            segments.append(tuple(obj.key.token_ids))
-            extra = obj.key.extra_key
-            obj = obj.parent
-            if obj is None:
-                return ("<detached>", tuple(t for seg in reversed(segments) for t in seg))
-        return (extra, tuple(t for seg in reversed(segments) for t in seg)) if segments else ROOT_PATH
+        return super().path_of(self.node_object(node))
 
     def in_tree(self, node: Any) -> bool:
-        return self.path_of(node) is not None and self.path_of(node)[0] != "<detached>"
+        obj = self.node_object(node)
+        return obj is not None and super().in_tree(obj)
 
     def _walk(self) -> List[Tuple[Any, Path, Optional[Path]]]:
-        root = self.cache.tree_core.root_node
-        walked = []
-        stack = [(root, ROOT_PATH)]
-        while stack:
-            node, path = stack.pop()
-            parent = None if node is root else path
-            for child in node.children.values():
-                key = child.key
-                child_path = (key.extra_key, path[1] + tuple(key.token_ids))
-                walked.append((child, child_path, parent))
-                stack.append((child, child_path))
-        return walked
+        return walk_tree(self.cache.tree_core.root_node)
 
     def snapshot(self) -> Snapshot:
         if self.opaque:
