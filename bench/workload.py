@@ -153,9 +153,7 @@ class Api0523(Api054):
         prefix written into the row."""
         sgl, cache = self.sgl, self.cache
         result = cache.match_prefix(sgl.MatchPrefixParams(key=self.key(prompt[:-1]), cow_mamba=True, req=req))
-        if req.kv.mamba_cow_src_index is not None:
-            self.adapter.mamba_pool.copy_from(req.kv.mamba_cow_src_index, req.kv.mamba_pool_idx.unsqueeze(0))
-            req.kv.mamba_cow_src_index = None
+        self.adapter.copy_deferred_cow(req)
         req.prefix_len = req.kv.cache_protected_len = result.device_prefix_len
         req.last_node = result.last_device_node
         req.lock = cache.lock(req.last_node)

@@ -130,7 +130,7 @@ class PairedCaches:
         """The cache's `node` is the model's node `path`: the same path from the root or, for a
         tree whose nodes cannot be read, the same KV slots from the root."""
         if self.cut.opaque:
-            self.agree(call, f"{what} (its KV slots from the root)", self.cut.node_kv(node), self.model.kv_of(path) if path != ROOT else ())
+            self.agree(call, f"{what} (its KV slots from the root)", self.cut.node_kv(node), self.model.kv_of(path))
         else:
             self.agree(call, what, self.cut.path_of(node), path)
 

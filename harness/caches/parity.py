@@ -332,7 +332,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.tolist()
     if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value) if not hasattr(value, "_fields") else tuple(_plain(v) for v in value)
+        return tuple(_plain(v) for v in value)
     return value
 
 

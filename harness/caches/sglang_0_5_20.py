@@ -126,10 +126,16 @@ class Sglang0520Cache(Sglang054Cache):
         (`rid`) have no place in 0.5.20's parameters. A copy-on-write match is followed by
         the forward pass's deferred copy into the request's slot."""
         match = self.cache.match_prefix(self.sgl.MatchPrefixParams(key=key, cow_mamba=cow_mamba, req=req))
-        if req is not None and req.kv.mamba_cow_src_index is not None:
+        if req is not None:
+            self.copy_deferred_cow(req)
+        return match
+
+    def copy_deferred_cow(self, req: Any) -> None:
+        """The forward pass's deferred copy-on-write: the state a match recorded
+        (`req.kv.mamba_cow_src_index`) is copied into the request's own slot."""
+        if req.kv.mamba_cow_src_index is not None:
             self.mamba_pool.copy_from(req.kv.mamba_cow_src_index, req.kv.mamba_pool_idx.unsqueeze(0))
             req.kv.mamba_cow_src_index = None
-        return match
 
     def insert(self, key: Any, kv: torch.Tensor, mamba: torch.Tensor) -> Tuple[int, bool]:
         result = self.cache.insert(self.sgl.InsertParams(key=key, value=kv, mamba_value=mamba))

@@ -155,9 +155,9 @@ def load_sglang() -> types.SimpleNamespace:
             _load_parameter_api(sgl)
         if version in SHIPS_UNIFIED_RADIX_CACHE:
             _load_unified_cache(sgl)
+    except SglangUnavailable:
+        raise
     except ImportError as exc:
-        if isinstance(exc, SglangUnavailable):
-            raise
         raise SglangUnavailable(f"SGLang cannot be imported ({exc}); install it with: {INSTALL_HINT}") from exc
     return sgl
 

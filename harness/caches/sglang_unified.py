@@ -39,8 +39,7 @@ from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tu
 import torch
 
 from harness.caches.base import CacheUnderTest, storage_of, walk_tree
-from harness.caches.sglang_0_5_20 import MAMBA_CACHE_CHUNK_SIZE, _publish_server_args
-from harness.caches.sglang_loader import load_sglang, tiny_mamba_params
+from harness.caches.sglang_0_5_20 import MAMBA_CACHE_CHUNK_SIZE, Sglang0520Cache, _publish_server_args
 from harness.snapshot import NodeView, Path, Snapshot, TensorView
 from reference import SGLANG_UNIFIED
 from strategies.config import CacheConfig
@@ -58,16 +57,16 @@ class UnifiedMatch(NamedTuple):
     last_host_node: int
 
 
-class SglangUnifiedCache(CacheUnderTest):
-    """SGLang's `UnifiedRadixCache` (Full + Mamba) on one tree core (see the module docstring)."""
+class SglangUnifiedCache(Sglang0520Cache):
+    """SGLang's `UnifiedRadixCache` (Full + Mamba) on one tree core (see the module docstring).
+    Its pools are built and read as 0.5.20's `MambaRadixCache` adapter builds and reads them."""
 
     name = "sglang"
     default_protocol = "unified"
     rules = SGLANG_UNIFIED
-    misuse_error = AssertionError
-    mamba_exhausted_error = AssertionError
     tree_core = "python"
-    kv_dtype = torch.int64  # the dtype the scheduler holds a request's prefix in
+    # the tree's own self-check, called as the release's scheduler calls it
+    sanity_check = CacheUnderTest.sanity_check
 
     def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
         if tree_core is not None:
@@ -78,30 +77,12 @@ class SglangUnifiedCache(CacheUnderTest):
         # the Python core's nodes are objects the memory check follows; the Rust core's are not
         self.opaque = self.tree_core == "rust"
         self.node_objects = not self.opaque
-        sgl = load_sglang()
-        self.sgl = sgl
-        self.release = sgl.version
-        self.config = config
-        self.device = torch.device(config.device)
+        super().__init__(config)
+        self._extra_locks: Dict[int, List[Any]] = {}  # per request (id()): locks beyond req.lock
+
+    def _build_cache(self, config: CacheConfig) -> Any:
+        sgl = self.sgl
         _publish_server_args(sgl.runtime_context, MAMBA_CACHE_CHUNK_SIZE)
-        self.req_pool = sgl.HybridReqToTokenPool(
-            size=config.req_size,
-            mamba_size=config.mamba_size,
-            mamba_spec_state_size=config.mamba_size,
-            max_context_len=config.max_context_len,
-            device=config.device,
-            enable_memory_saver=False,
-            cache_params=tiny_mamba_params(sgl),
-            mamba_layer_ids=[0],
-            enable_mamba_extra_buffer=False,
-            enable_overlap_schedule=False,
-            speculative_num_draft_tokens=None,
-        )
-        self.mamba_pool = self.req_pool.mamba_pool
-        self.mamba_slots = self.req_pool.mamba_allocator
-        self.kv = sgl.TokenToKVPoolAllocator(
-            size=config.kv_size, dtype=torch.bfloat16, device=config.device, kvcache=None, need_sort=False
-        )
         ct = sgl.ComponentType
         self.FULL, self.MAMBA = ct.FULL, ct.MAMBA
         params = sgl.CacheInitParams(
@@ -113,14 +94,10 @@ class SglangUnifiedCache(CacheUnderTest):
         )
         # the core is picked as serving picks it (0.5.20 reads only the variable)
         with sgl.envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(self.tree_core):
-            self.cache = sgl.UnifiedRadixCache(params)
-        if type(self.cache.tree_core).__name__ != CORE_CLASSES[self.tree_core]:
-            raise RuntimeError(f"asked for the {self.tree_core} tree core, SGLang built {type(self.cache.tree_core).__name__}")
-        self._kv_data = torch.zeros(config.kv_size + 1, dtype=torch.int64, device=self.device)
-        self._extra_locks: Dict[int, List[Any]] = {}  # per request (id()): locks beyond req.lock
-
-    def is_mamba_exhausted(self, exc: BaseException) -> bool:
-        return "Can not alloc mamba cache" in str(exc)
+            cache = sgl.UnifiedRadixCache(params)
+        if type(cache.tree_core).__name__ != CORE_CLASSES[self.tree_core]:
+            raise RuntimeError(f"asked for the {self.tree_core} tree core, SGLang built {type(cache.tree_core).__name__}")
+        return cache
 
     # ----- requests ---------------------------------------------------------------------------
 
@@ -185,16 +162,11 @@ class SglangUnifiedCache(CacheUnderTest):
         pass then makes the deferred copy into the request's slot. The policy's own arguments
         (`rid`) have no place in the parameters."""
         result = self.cache.match_prefix(self.sgl.MatchPrefixParams(key=key, cow_mamba=cow_mamba, req=req))
-        if req is not None and req.kv.mamba_cow_src_index is not None:
-            self.mamba_pool.copy_from(req.kv.mamba_cow_src_index, req.kv.mamba_pool_idx.unsqueeze(0))
-            req.kv.mamba_cow_src_index = None
+        if req is not None:
+            self.copy_deferred_cow(req)
         node = result.last_device_node
-        indices = self._path_kv(node)[: result.device_prefix_len].to(self.kv_dtype)
+        indices = self._path_kv(node)[: result.device_prefix_len].to(torch.int64)
         return UnifiedMatch(indices, node, result.last_host_node)
-
-    def insert(self, key: Any, kv: torch.Tensor, mamba: torch.Tensor) -> Tuple[int, bool]:
-        result = self.cache.insert(self.sgl.InsertParams(key=key, value=kv, mamba_value=mamba))
-        return result.prefix_len, result.mamba_exist
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
         """`checkpoint_kv_cache(req, tree_cache)`: the tree takes what the request computed up to
@@ -250,16 +222,6 @@ class SglangUnifiedCache(CacheUnderTest):
 
     # ----- the pools' calls -------------------------------------------------------------------
 
-    def req_alloc(self, reqs: Sequence[Any]) -> Optional[List[int]]:
-        """`alloc_req_slots`' pool call `alloc(reqs)` (a request that holds a row keeps it); its
-        `ensure_mamba_capacity` is the protocol's (`UnifiedScheduler._ensure_mamba_slots`)."""
-        return self.req_pool.alloc(list(reqs))
-
-    def req_free(self, req: Any, free_mamba_cache: bool = True) -> None:
-        if free_mamba_cache:
-            self.req_pool.free_mamba_cache(req)
-        self.req_pool.free(req)
-
     def write_row(self, req: Any, start: int, slots: torch.Tensor) -> None:
         """`write_cache_indices` (extend) or `assign_req_to_token_pool` (decode); the request's
         KV is then allocated and committed up to the end of what was written."""
@@ -274,28 +236,6 @@ class SglangUnifiedCache(CacheUnderTest):
     def free_req_mamba(self, req: Any) -> None:
         self.mamba_slots.free(req.kv.mamba_pool_idx.unsqueeze(-1))
         req.kv.mamba_pool_idx = None
-
-    # ----- the data the harness's forward pass writes ------------------------------------------
-
-    def write_kv(self, slots: Sequence[int], values: Sequence[int]) -> None:
-        self._kv_data[self.indices(slots)] = self.indices(values)
-
-    def kv_data(self) -> List[int]:
-        return self._kv_data.tolist()
-
-    def mamba_tensors(self) -> List[torch.Tensor]:
-        cache = self.mamba_pool.mamba_cache
-        return [cache.temporal, *cache.conv]
-
-    def free_list_tensors(self) -> List[torch.Tensor]:
-        return [self.kv.free_pages, self.kv.release_pages, self.mamba_slots.free_slots]
-
-    def kv_free_slots(self) -> List[int]:
-        free, released = self.kv.free_pages, self.kv.release_pages
-        return (torch.cat((free, released)) if released.numel() else free).tolist()
-
-    def mamba_free_slots(self) -> List[int]:
-        return self.mamba_slots.free_slots.tolist()
 
     # ----- reading the tree -------------------------------------------------------------------
 
@@ -323,14 +263,11 @@ class SglangUnifiedCache(CacheUnderTest):
         obj = self.node_object(node)
         return obj is not None and super().in_tree(obj)
 
-    def _walk(self) -> List[Tuple[Any, Path, Optional[Path]]]:
-        return walk_tree(self.cache.tree_core.root_node)
-
     def snapshot(self) -> Snapshot:
         if self.opaque:
             return self._outside_snapshot()
         FULL, MAMBA = self.FULL, self.MAMBA
-        walked = self._walk()
+        walked = walk_tree(self.cache.tree_core.root_node)
         nodes: Dict[Path, NodeView] = {}
         tensors: List[TensorView] = []
         by_node: Dict[int, Path] = {}

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Set
 
+import torch
+
 from harness.caches.sglang_unified import SglangUnifiedCache, UnifiedMatch
 from reference import SGLANG_UNIFIED_0_5_20
 from strategies.config import CacheConfig
@@ -49,10 +51,9 @@ class SglangUnified0520Cache(SglangUnifiedCache):
 
     def match_prefix(self, key: Any, cow_mamba: bool = False, req: Any = None, **scheduler_args: Any) -> UnifiedMatch:
         result = self.cache.match_prefix(self.sgl.MatchPrefixParams(key=key, cow_mamba=cow_mamba, req=req))
-        if req is not None and req.kv.mamba_cow_src_index is not None:
-            self.mamba_pool.copy_from(req.kv.mamba_cow_src_index, req.kv.mamba_pool_idx.unsqueeze(0))
-            req.kv.mamba_cow_src_index = None
-        return UnifiedMatch(result.device_indices.to(self.kv_dtype), result.last_device_node, result.last_host_node)
+        if req is not None:
+            self.copy_deferred_cow(req)
+        return UnifiedMatch(result.device_indices.to(torch.int64), result.last_device_node, result.last_host_node)
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
         """`maybe_cache_unfinished_req(req, tree_cache, chunked=...)`."""

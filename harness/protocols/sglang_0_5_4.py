@@ -380,8 +380,13 @@ class Sglang054Scheduler(SchedulerProtocol):
     def _ensure_mamba_slots(self, batch: List[Request]) -> None:
         """`alloc_for_extend` (0.5.4): a Mamba slot for every request of the batch, evicting
         states when the pool is short."""
-        if self.caches.mamba_available() < len(batch):
-            self.caches.evict_mamba(len(batch) - self.caches.mamba_available())
+        self._evict_mamba_shortfall(len(batch))
+
+    def _evict_mamba_shortfall(self, needed: int) -> None:
+        """Evict as many Mamba states as the pool is short of `needed` free slots."""
+        available = self.caches.mamba_available()
+        if available < needed:
+            self.caches.evict_mamba(needed - available)
             self.on_event("Mamba allocation short: evicted, then retried")
 
     def _alloc_token_slots(self, n: int) -> List[int]:

@@ -42,12 +42,6 @@ class UnifiedScheduler(ContractScheduler):
         """`ensure_mamba_capacity`: a Mamba slot for each request that holds none."""
         self._evict_mamba_shortfall(sum(self.caches.cut.mamba_slot_of(r.cut) is None for r in batch))
 
-    def _evict_mamba_shortfall(self, needed: int) -> None:
-        available = self.caches.mamba_available()
-        if available < needed:
-            self.caches.evict_mamba(needed - available)
-            self.on_event("Mamba allocation short: evicted, then retried")
-
     def _evict_from_tree_cache(self, n: int) -> None:
         """`evict_to_free_tokens`: the tree gives up the shortfall, not all `n` tokens."""
         available = self.caches.kv_available()
