@@ -6,6 +6,7 @@
        [--set-aside FINDING|all ...]
   replay FILE [--impl impl|sglang|sglang-CORE|MODULE:CLASS] [--tree-core python|rust|parity]
        [--protocol NAME] [--device cpu|cuda] [--verbose] [--to-pytest]
+  releases TRACE [--from V] [--to V] [--json] [--jobs N]    (or --fuzz SECONDS instead of TRACE)
 
 Exit status: 0 when the fuzz found nothing / the trace replays with every check passing, 1 when
 something failed (the report says where and why), 2 when the command or a file is unusable (one
@@ -167,6 +168,46 @@ def run_fuzz(args, out: TextIO) -> int:
     return 1 if report["failures"] else 0
 
 
+def run_releases(args, out: TextIO) -> int:
+    """Replay a trace (or fuzz) on every release from --from to --to, each in its own process."""
+    from harness.caches.sglang_releases import RELEASES, release_range
+    from harness.releases.history import print_summary, print_table, summarize
+    from harness.releases.runner import run_releases as run_each
+    from harness.releases.store import ReleaseStore
+
+    if (args.trace is None) == (args.fuzz is None):
+        raise UsageError("releases: give a TRACE to replay, or --fuzz SECONDS (not both)")
+    try:
+        versions = release_range(args.first or RELEASES[0], args.last or RELEASES[-1])
+    except ValueError as exc:
+        raise UsageError(f"releases: {exc}") from None
+    if not versions:
+        raise UsageError(f"releases: no release from {args.first} to {args.last}; known: {RELEASES[0]} .. {RELEASES[-1]}")
+    if args.trace is not None:
+        load_trace(args.trace)  # a bad file is refused here, before any release runs
+        worker_args = ["replay", os.path.abspath(args.trace)]
+        timeout = 600.0
+    else:
+        worker_args = ["fuzz", str(args.fuzz)] + ([] if args.seed is None else ["--seed", str(args.seed)])
+        worker_args += ["--trace-dir", os.path.abspath(args.trace_dir)]
+        timeout = 4 * args.fuzz + 600.0  # every cache of a release, then shrinking
+    jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
+
+    def progress(version: str, results) -> None:
+        print(f"{version}: " + ", ".join(f"{r['cache']} {r['status']}" for r in results), file=sys.stderr, flush=True)
+
+    results = run_each(ReleaseStore(), versions, worker_args, jobs, timeout, on_done=progress)
+    summaries = summarize(results)
+    if args.json:
+        json.dump({"trace": args.trace, "fuzz_seconds": args.fuzz, "results": results, "summary": summaries}, out, indent=1)
+        out.write("\n")
+    else:
+        print_table(results, out)
+        out.write("\n")
+        print_summary(summaries, out)
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
 def _budget(text: str) -> float:
     """An argparse type: a positive, finite number (of minutes or seconds)."""
     try:
@@ -230,6 +271,21 @@ def build_parser() -> CommandParser:
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
     rp.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function")
     rp.set_defaults(run=run_replay)
+    rl = sub.add_parser("releases", help="replay a trace (or fuzz) on every SGLang release, each in its own process",
+                        description="Replay TRACE on every SGLang release from --from to --to (fetched into the release "
+                        "store on first use), on every cache each release ships; print release -> passed / failed "
+                        "(check, step) / cannot run (why), then the first failing and first fixed release and any "
+                        "regression. Exit 0: it passed everywhere; 1: it failed somewhere; 2: unusable options.")
+    rl.add_argument("trace", nargs="?", default=None, help="the trace file to replay")
+    rl.add_argument("--from", dest="first", default=None, help="first release (default: the oldest, 0.5.3.post2)")
+    rl.add_argument("--to", dest="last", default=None, help="last release (default: the newest)")
+    rl.add_argument("--json", action="store_true", help="print the results and the history as JSON")
+    rl.add_argument("--fuzz", type=_budget, default=None, metavar="SECONDS",
+                    help="instead of a trace: fuzz every cache of each release for SECONDS (known findings set aside)")
+    rl.add_argument("--seed", type=int, default=None, help="with --fuzz: seed for reproducible runs")
+    rl.add_argument("--trace-dir", default="tests/regressions/pending", help="with --fuzz: where failure traces go")
+    rl.add_argument("--jobs", type=int, default=None, help="releases run at a time (default: one per core)")
+    rl.set_defaults(run=run_releases)
     return parser
 
 

@@ -208,8 +208,11 @@ KNOWN_FINDINGS: Dict[str, KnownFinding] = {
 class SetAside:
     """The known findings set aside in one run; a check, the chooser and the draws consult it."""
 
-    def __init__(self, findings: Iterable[KnownFinding] = ()):
+    def __init__(self, findings: Iterable[KnownFinding] = (), every_release: bool = False):
         self.findings: List[KnownFinding] = list(findings)
+        # set aside on whatever release runs, not only the ones each was found in (a trace
+        # replayed across releases to learn which ones it fails on)
+        self.every_release = every_release
 
     def __bool__(self) -> bool:
         return bool(self.findings)
@@ -230,7 +233,9 @@ class SetAside:
 
     def for_release(self, release: str) -> "SetAside":
         """Only the findings of `release` (a trace from one release replayed on another cache
-        sets nothing aside there)."""
+        sets nothing aside there), unless they are set aside on every release."""
+        if self.every_release:
+            return self
         return SetAside(f for f in self.findings if release in f.releases)
 
 

@@ -13,7 +13,8 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.caches import cache_factory, cache_release
-from harness.caches.sglang_loader import SHIPS_MAMBA_RADIX_CACHE, VirtualClock, sglang_unavailable, sglang_version
+from harness.caches.sglang_loader import VirtualClock, sglang_unavailable, sglang_version
+from harness.caches.sglang_releases import ships_mamba_radix_cache
 from harness.driver import Driver, paused_gc
 from harness.engines.hypothesis_engine import machine_for
 from harness.findings import set_aside
@@ -25,8 +26,8 @@ CONFIG = CacheConfig(kv_size=24, mamba_size=6, req_size=2, max_context_len=32)
 
 
 def needs_mamba_radix_cache() -> None:
-    if sglang_version() not in SHIPS_MAMBA_RADIX_CACHE:
-        pytest.skip(f"needs a release that ships MambaRadixCache ({', '.join(SHIPS_MAMBA_RADIX_CACHE)}); installed: {sglang_version()}")
+    if not ships_mamba_radix_cache(sglang_version()):
+        pytest.skip(f"needs a release that ships MambaRadixCache (0.5.3.post2 .. 0.5.20); installed: {sglang_version()}")
 
 
 @pytest.mark.skipif(not sglang_unavailable(), reason="SGLang is installed here")

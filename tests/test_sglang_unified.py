@@ -14,7 +14,8 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.caches import cache_factory, cache_name, cache_release
-from harness.caches.sglang_loader import SHIPS_UNIFIED_RADIX_CACHE, sglang_unavailable, sglang_version
+from harness.caches.sglang_loader import sglang_unavailable, sglang_version
+from harness.caches.sglang_releases import has_tree_cores
 from harness.driver import Driver, paused_gc
 from harness.engines.hypothesis_engine import machine_for
 from harness.findings import set_aside
@@ -30,8 +31,8 @@ pytestmark = pytest.mark.sglang
 
 @pytest.fixture(autouse=True)
 def needs_the_unified_cache():
-    if not sglang_unavailable() and sglang_version() not in SHIPS_UNIFIED_RADIX_CACHE:
-        pytest.skip(f"needs a release with UnifiedRadixCache ({', '.join(SHIPS_UNIFIED_RADIX_CACHE)}); installed: {sglang_version()}")
+    if not sglang_unavailable() and not has_tree_cores(sglang_version()):
+        pytest.skip(f"needs a release whose UnifiedRadixCache has both tree cores (0.5.19 on); installed: {sglang_version()}")
 
 
 def driver_for(impl: str) -> Driver:

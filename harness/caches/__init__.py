@@ -42,40 +42,47 @@ def impl_name(impl: str, tree_core: Optional[str]) -> str:
     return f"sglang-{tree_core}"
 
 
+# the adapter of each API era of `MambaRadixCache` (`harness.caches.sglang_releases.MAMBA_ERAS`)
+MAMBA_ERA_ADAPTERS = {
+    "kwargs": ("harness.caches.sglang_0_5_4", "Sglang054Cache"),
+    "init-params": ("harness.caches.sglang_0_5_6", "Sglang056Cache"),
+    "params": ("harness.caches.sglang_0_5_9", "Sglang059Cache"),
+    "mamba-allocator": ("harness.caches.sglang_0_5_13", "Sglang0513Cache"),
+    "req-kv": ("harness.caches.sglang_0_5_20", "Sglang0520Cache"),
+}
+
+
 def sglang_cache_class(tree_core: Optional[str] = None) -> CacheFactory:
-    """The cache under test for the installed SGLang release (raises `SglangUnavailable`): with
-    `tree_core`, its `UnifiedRadixCache` on that core (or both, `parity`)."""
-    from harness.caches.sglang_loader import SHIPS_UNIFIED_RADIX_CACHE, sglang_version
+    """The cache under test for the installed SGLang release (raises `SglangUnavailable`): its
+    `MambaRadixCache` in that release's API era, or with `tree_core` (or where no
+    `MambaRadixCache` ships) its `UnifiedRadixCache` on that core (or both, `parity`)."""
+    from harness.caches.sglang_loader import sglang_version
+    from harness.caches.sglang_releases import has_tree_cores, mamba_era, serves_unified, ships_mamba_radix_cache
 
     version = sglang_version()
-    if tree_core is None and version == "0.5.23":
+    if tree_core is None and not ships_mamba_radix_cache(version):
         tree_core = "python"
     if tree_core is not None:
-        if version not in SHIPS_UNIFIED_RADIX_CACHE:
-            raise ValueError(f"--impl sglang-{tree_core}: SGLang {version} has no UnifiedRadixCache the harness drives "
-                             f"(supported: {', '.join(SHIPS_UNIFIED_RADIX_CACHE)})")
+        if not serves_unified(version):
+            raise ValueError(f"--impl sglang-{tree_core}: SGLang {version}'s scheduler builds no UnifiedRadixCache "
+                             f"for hybrid Mamba models (it does from 0.5.16)")
+        if tree_core != "python" and not has_tree_cores(version):
+            raise ValueError(f"--impl sglang-{tree_core}: SGLang {version}'s unified tree has no tree cores "
+                             f"to pick from (0.5.19 on); only sglang-python")
         from harness.caches.sglang_unified import unified_factory
 
         return unified_factory(version, tree_core)
-    if version == "0.5.4":
-        from harness.caches.sglang_0_5_4 import Sglang054Cache
-
-        return Sglang054Cache
-    from harness.caches.sglang_0_5_20 import Sglang0520Cache
-
-    return Sglang0520Cache
+    module, name = MAMBA_ERA_ADAPTERS[mamba_era(version)]
+    return getattr(importlib.import_module(module), name)
 
 
 def sglang_caches() -> List[str]:
-    """Every cache of the installed SGLang release the harness drives, as `--impl` names: its
-    `MambaRadixCache` where it ships one, and its `UnifiedRadixCache` on each tree core."""
-    from harness.caches.sglang_loader import SHIPS_MAMBA_RADIX_CACHE, SHIPS_UNIFIED_RADIX_CACHE, sglang_version
+    """Every cache of the installed SGLang release the harness drives, as `--impl` names
+    (`harness.caches.sglang_releases.caches_of`)."""
+    from harness.caches.sglang_loader import sglang_version
+    from harness.caches.sglang_releases import caches_of
 
-    version = sglang_version()
-    names = ["sglang"] if version in SHIPS_MAMBA_RADIX_CACHE else []
-    if version in SHIPS_UNIFIED_RADIX_CACHE:
-        names += [f"sglang-{core}" for core in ("python", "rust")]
-    return names
+    return list(caches_of(sglang_version()))
 
 
 def cache_factory(name: str) -> CacheFactory:

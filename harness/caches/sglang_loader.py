@@ -1,12 +1,13 @@
 """Importing SGLang's cache and pools on a CPU machine, and the clock its tree reads.
 
-SGLang is installed without its dependency tree (see `requirements/sglang-*.txt`). Its
-`mem_cache` import chain imports torchvision at module level (DeepSeek-OCR's config in 0.5.4;
-`sglang.srt.utils` and transformers' image processors in 0.5.20). PyPI's torchvision wheels are
-built against a CUDA torch and do not load with the CPU build this project uses, so when
-torchvision is absent `load_sglang` serves every `torchvision` import with a placeholder module:
-any name in it is a stand-in that raises `ImportError` as soon as it is called. The cache and
-pools never call it.
+SGLang is installed without its dependency tree (see `requirements/sglang-*.txt`), or put on
+the path from the release store (`harness.releases.store`). Its `mem_cache` import chain imports
+two CUDA-only packages at module level: torchvision (DeepSeek-OCR's config in 0.5.4;
+`sglang.srt.utils` and transformers' image processors later) and, from 0.5.6 to 0.5.9, sgl_kernel
+(the host memory pool's transfer kernels). PyPI's wheels of both are built against a CUDA torch
+and do not load with the CPU build this project uses, so when one is absent `load_sglang` serves
+every import of it with a placeholder module: any name in it is a stand-in that raises
+`ImportError` as soon as it is called. The cache and pools never call them.
 
 SGLang 0.5.4's tree stamps nodes with `time.monotonic()` and its idle self-check compares those
 stamps with its LRU lists, so its verdict depends on how fast the calls come. `VirtualClock`
@@ -28,11 +29,10 @@ import time
 import types
 from typing import Any, Optional
 
-INSTALL_HINT = "scripts/install-sglang.sh 0.5.4|0.5.20|0.5.23 (see README, 'Checking SGLang')"
-SUPPORTED = ("0.5.4", "0.5.20", "0.5.23")
-# the releases that ship `MambaRadixCache` (0.5.21 deleted it) and `UnifiedRadixCache` (0.5.16 on)
-SHIPS_MAMBA_RADIX_CACHE = ("0.5.4", "0.5.20")
-SHIPS_UNIFIED_RADIX_CACHE = ("0.5.20", "0.5.23")
+from harness.caches.sglang_releases import RELEASES, known_release, serves_unified, ships_mamba_radix_cache
+
+INSTALL_HINT = "scripts/install-sglang.sh 0.5.4|0.5.20|0.5.23, or any release through the release store (see README, 'Checking SGLang')"
+CUDA_ONLY_PACKAGES = ("torchvision", "sgl_kernel")
 PLACEHOLDER_VERSION = "0.0"  # what a placeholder module reports as its __version__
 
 
@@ -125,17 +125,18 @@ class VirtualClock:
 def load_sglang() -> types.SimpleNamespace:
     """Import SGLang's cache and pools (once); `SglangUnavailable` says why when that fails."""
     os.environ.setdefault("SGLANG_MAMBA_SSM_DTYPE", "float32")
-    _placeholder("torchvision")
+    for package in CUDA_ONLY_PACKAGES:
+        _placeholder(package)
     try:
         sglang = importlib.import_module("sglang")
         version = getattr(sglang, "__version__", "unknown")
-        if version not in SUPPORTED:
+        if not known_release(version):
             raise SglangUnavailable(
-                f"SGLang {version} is installed, but the harness supports {', '.join(SUPPORTED)}; "
+                f"SGLang {version} is installed, but the harness drives {RELEASES[0]} .. {RELEASES[-1]}; "
                 f"install one with: {INSTALL_HINT}"
             )
         pool_mod = importlib.import_module("sglang.srt.mem_cache.memory_pool")
-        alloc_mod = importlib.import_module("sglang.srt.mem_cache.allocator")
+        alloc_mod = importlib.import_module("sglang.srt.mem_cache.allocator")  # a package from 0.5.13
         radix_mod = importlib.import_module("sglang.srt.mem_cache.radix_cache")
         mamba_utils = importlib.import_module("sglang.srt.configs.mamba_utils")
         sgl = types.SimpleNamespace(
@@ -146,14 +147,13 @@ def load_sglang() -> types.SimpleNamespace:
             Mamba2CacheParams=mamba_utils.Mamba2CacheParams,
             Mamba2StateShape=mamba_utils.Mamba2StateShape,
         )
-        if version in SHIPS_MAMBA_RADIX_CACHE:
+        if ships_mamba_radix_cache(version):
             sgl.cache_module = importlib.import_module("sglang.srt.mem_cache.mamba_radix_cache")
             sgl.MambaRadixCache = sgl.cache_module.MambaRadixCache
             # the tree logs its self-check failures before raising them; the harness reports them
             logging.getLogger(sgl.cache_module.__name__).setLevel(logging.CRITICAL)
-        if version != "0.5.4":
-            _load_parameter_api(sgl)
-        if version in SHIPS_UNIFIED_RADIX_CACHE:
+        _load_parameter_api(sgl)
+        if serves_unified(version):
             _load_unified_cache(sgl)
     except SglangUnavailable:
         raise
@@ -162,15 +162,32 @@ def load_sglang() -> types.SimpleNamespace:
     return sgl
 
 
+def _optional(module: str, name: Optional[str] = None) -> Any:
+    """`module` (or `module.name`), or None where the release lacks it (the era before it came in)."""
+    try:
+        found = importlib.import_module(module)
+        return found if name is None else getattr(found, name, None)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.startswith("sglang"):
+            return None
+        raise
+
+
 def _load_parameter_api(sgl: types.SimpleNamespace) -> None:
-    """The parameter objects, request record and process context of the releases after 0.5.4."""
-    params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
-    sgl.CacheInitParams = importlib.import_module("sglang.srt.mem_cache.cache_init_params").CacheInitParams
-    sgl.MatchPrefixParams, sgl.InsertParams, sgl.EvictParams = params.MatchPrefixParams, params.InsertParams, params.EvictParams
+    """The parameter objects, request record and process context of the releases that have them
+    (None in a release before each came in: `CacheInitParams` 0.5.6, `MatchPrefixParams` 0.5.8,
+    `InsertParams` and `EvictParams` 0.5.9, the runtime context 0.5.15, `ReqKvInfo` 0.5.16)."""
+    params = "sglang.srt.mem_cache.base_prefix_cache"
+    sgl.CacheInitParams = _optional("sglang.srt.mem_cache.cache_init_params", "CacheInitParams")
+    sgl.MatchPrefixParams, sgl.InsertParams, sgl.EvictParams = (
+        _optional(params, name) for name in ("MatchPrefixParams", "InsertParams", "EvictParams")
+    )
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
-    sgl.ReqKvInfo, sgl.Req, sgl.FINISH_LENGTH, sgl.FINISH_ABORT = batch.ReqKvInfo, batch.Req, batch.FINISH_LENGTH, batch.FINISH_ABORT
+    sgl.ReqKvInfo, sgl.Req, sgl.FINISH_LENGTH, sgl.FINISH_ABORT = (
+        getattr(batch, "ReqKvInfo", None), batch.Req, batch.FINISH_LENGTH, batch.FINISH_ABORT
+    )
     sgl.SamplingParams = importlib.import_module("sglang.srt.sampling.sampling_params").SamplingParams
-    sgl.runtime_context = importlib.import_module("sglang.srt.runtime_context")
+    sgl.runtime_context = _optional("sglang.srt.runtime_context")
     sgl.common = importlib.import_module("sglang.srt.mem_cache.common")
 
 
@@ -179,7 +196,9 @@ def _load_unified_cache(sgl: types.SimpleNamespace) -> None:
     unified = importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
     sgl.unified_module = unified
     sgl.UnifiedRadixCache = unified.UnifiedRadixCache
-    sgl.ComponentType = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.base").ComponentType
+    sgl.ComponentType = _optional("sglang.srt.mem_cache.unified_cache.component_type", "ComponentType") or _optional(
+        "sglang.srt.mem_cache.unified_cache_components.tree_component", "ComponentType"
+    )  # its home from 0.5.17; 0.5.16's
     sgl.envs = importlib.import_module("sglang.srt.environ").envs
     logging.getLogger(unified.__name__).setLevel(logging.CRITICAL)
 

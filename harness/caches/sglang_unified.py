@@ -37,6 +37,7 @@ from array import array
 from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+from packaging.version import Version
 
 from harness.caches.base import CacheUnderTest, storage_of, walk_tree
 from harness.caches.sglang_0_5_20 import MAMBA_CACHE_CHUNK_SIZE, Sglang0520Cache, _publish_server_args
@@ -355,7 +356,7 @@ class SglangUnifiedCache(Sglang0520Cache):
 def unified_factory(version: str, tree_core: str) -> Any:
     """A factory of the `UnifiedRadixCache`s of SGLang `version` on `tree_core` (`parity`: the
     Python and the Rust core side by side, `harness.caches.parity`)."""
-    if version == "0.5.20":
+    if Version(version) <= Version("0.5.20"):  # 0.5.16 .. 0.5.20: 0.5.20's calls
         from harness.caches.sglang_unified_0_5_20 import SglangUnified0520Cache as cls
     else:
         cls = SglangUnifiedCache

@@ -1,0 +1,124 @@
+"""Every SGLang release with a hybrid Mamba prefix cache, and what each one ships and serves.
+
+SGLang shipped `MambaRadixCache` from 0.5.3.post2 to 0.5.20 and built it for hybrid Mamba models
+up to 0.5.15.post1; from 0.5.16 its scheduler builds `UnifiedRadixCache` (components FULL + MAMBA,
+`mem_cache/registry.py`) instead, and 0.5.21 deleted `MambaRadixCache`. The unified tree grew two
+interchangeable cores in 0.5.19 (`SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`, default `python`), and
+the Rust core became the default in 0.5.21. (0.5.11 to 0.5.15.post1 ship a `UnifiedRadixCache`
+that the scheduler builds for Mamba models only behind an experimental switch; it is not served.)
+
+The API eras of `MambaRadixCache` and its pools, read from the wheels (each era's adapter is named
+in `harness.caches.sglang_cache_class`):
+  kwargs          0.5.3.post2 .. 0.5.5.post3   keyword constructor, `match_prefix(key)`,
+                                               `insert(key, value, mamba_value)`, `evict(n)`,
+                                               Mamba slots from `MambaPool` (`fork_from`)
+  init-params     0.5.6 .. 0.5.8.post1         `MambaRadixCache(CacheInitParams)`; from 0.5.7 the
+                                               request pool takes the extra-buffer arguments and
+                                               `alloc(n, reqs)`; from 0.5.8 `match_prefix` takes
+                                               `MatchPrefixParams`
+  params          0.5.9 .. 0.5.12.post1        `InsertParams` / `EvictParams`, request pool
+                                               `alloc(reqs)` / `free(req)` / `free_mamba_cache(req)`
+  mamba-allocator 0.5.13 .. 0.5.15.post1       Mamba slots from `req_to_token_pool.mamba_allocator`,
+                                               copy-on-write deferred to the forward pass
+  req-kv          0.5.16 .. 0.5.20             a request's slots in `req.kv` (`ReqKvInfo`),
+                                               `cache_finished_req(..., kv_len_to_handle)`
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from packaging.version import Version
+
+# every PyPI release from the first with MambaRadixCache to the newest, oldest first
+RELEASES: Tuple[str, ...] = (
+    "0.5.3.post2", "0.5.3.post3",
+    "0.5.4", "0.5.4.post1", "0.5.4.post2", "0.5.4.post3",
+    "0.5.5", "0.5.5.post1", "0.5.5.post2", "0.5.5.post3",
+    "0.5.6", "0.5.6.post1", "0.5.6.post2",
+    "0.5.7",
+    "0.5.8", "0.5.8.post1",
+    "0.5.9",
+    "0.5.10rc0", "0.5.10", "0.5.10.post1",
+    "0.5.11",
+    "0.5.12", "0.5.12.post1",
+    "0.5.13", "0.5.13.post1",
+    "0.5.14",
+    "0.5.15", "0.5.15.post1",
+    "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)  # fmt: skip
+
+MAMBA_ERAS: Dict[str, Tuple[str, str]] = {
+    "kwargs": ("0.5.3.post2", "0.5.5.post3"),
+    "init-params": ("0.5.6", "0.5.8.post1"),
+    "params": ("0.5.9", "0.5.12.post1"),
+    "mamba-allocator": ("0.5.13", "0.5.15.post1"),
+    "req-kv": ("0.5.16", "0.5.20"),
+}
+
+
+def _v(version: str) -> Version:
+    return Version(version)
+
+
+def _within(version: str, first: str, last: str) -> bool:
+    return _v(first) <= _v(version) <= _v(last)
+
+
+def known_release(version: str) -> bool:
+    """Whether `version` is one of `RELEASES`."""
+    return version in RELEASES
+
+
+def release_range(first: str, last: str) -> Tuple[str, ...]:
+    """The releases from `first` to `last` (both included; either may fall between releases);
+    ValueError for a version that does not parse."""
+    for bound in (first, last):
+        try:
+            _v(bound)
+        except ValueError:
+            raise ValueError(f"not a release version: {bound!r}") from None
+    return tuple(r for r in RELEASES if _within(r, first, last))
+
+
+def ships_mamba_radix_cache(version: str) -> bool:
+    return _within(version, "0.5.3.post2", "0.5.20")
+
+
+def serves_unified(version: str) -> bool:
+    """Whether the release's scheduler builds `UnifiedRadixCache` for hybrid Mamba models."""
+    return _within(version, "0.5.16", RELEASES[-1])
+
+
+def has_tree_cores(version: str) -> bool:
+    """Whether the unified tree has the Python and the Rust core to pick from."""
+    return _within(version, "0.5.19", RELEASES[-1])
+
+
+def default_tree_core(version: str) -> str:
+    return "rust" if _within(version, "0.5.21", RELEASES[-1]) else "python"
+
+
+def mamba_era(version: str) -> str:
+    """The API era of the release's `MambaRadixCache` (see the module docstring)."""
+    for era, (first, last) in MAMBA_ERAS.items():
+        if _within(version, first, last):
+            return era
+    raise ValueError(f"SGLang {version} ships no MambaRadixCache")
+
+
+def served_cache(version: str) -> str:
+    """The `--impl` name of the cache the release's scheduler builds for a hybrid Mamba model."""
+    return f"sglang-{default_tree_core(version)}" if serves_unified(version) else "sglang"
+
+
+def caches_of(version: str) -> Tuple[str, ...]:
+    """Every cache of the release the harness drives, as `--impl` names: the one its scheduler
+    serves first, then `MambaRadixCache` where it still ships beside the unified cache, then the
+    other tree core."""
+    names = [served_cache(version)]
+    if serves_unified(version) and ships_mamba_radix_cache(version):
+        names.append("sglang")
+    if has_tree_cores(version):
+        names += [f"sglang-{core}" for core in ("python", "rust") if f"sglang-{core}" not in names]
+    return tuple(names)
