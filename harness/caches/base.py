@@ -236,7 +236,8 @@ class CacheUnderTest:
     def mamba_tensors(self) -> List[torch.Tensor]:
         """The Mamba pool's state tensors, each indexed [layer, slot, ...]."""
         cache = self.mamba_pool.mamba_cache
-        return [cache.temporal, cache.conv]
+        conv = cache.conv if isinstance(cache.conv, (list, tuple)) else [cache.conv]  # a list from 0.5.6
+        return [cache.temporal, *conv]
 
     def write_state(self, slot: int, value: int) -> None:
         """Set Mamba slot `slot`'s states to hold `value` (a digest) in every layer."""

@@ -10,6 +10,7 @@ SGLang 0.5.4's API, the base class's; the release's scheduler makes them
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any, Dict, Hashable, List, Sequence, Tuple
 
@@ -17,6 +18,8 @@ import torch
 
 from harness.caches.base import CacheUnderTest
 from harness.caches.sglang_loader import VirtualClock, load_sglang, tiny_mamba_params
+from harness.caches.sglang_releases import mamba_radix_cache_rules
+from reference import Rules
 from strategies.config import CacheConfig
 
 
@@ -37,6 +40,7 @@ class Sglang054Cache(CacheUnderTest):
         sgl = load_sglang()
         self.sgl = sgl
         self.release = sgl.version
+        self.rules = self.release_rules(sgl.version)
         self.config = config
         self.device = torch.device(config.device)
         if not virtual_clock:
@@ -51,6 +55,11 @@ class Sglang054Cache(CacheUnderTest):
         self.cache = self._build_cache(config)
         self._kv_data = torch.zeros(config.kv_size + 1, dtype=torch.int64, device=self.device)
 
+    @classmethod
+    def release_rules(cls, version: str) -> Rules:
+        """What the model follows for this cache in SGLang `version`."""
+        return mamba_radix_cache_rules(version)
+
     @staticmethod
     def _install_clock(sgl: Any) -> VirtualClock:
         """The tree module reads a virtual clock (see `harness.caches.sglang_loader`); without
@@ -64,7 +73,10 @@ class Sglang054Cache(CacheUnderTest):
             self.clock.advance(seconds)
 
     def _req_pool_args(self, config: CacheConfig) -> Dict[str, Any]:
-        return dict(
+        """`HybridReqToTokenPool`'s arguments, as the model runner passes them for one Mamba
+        layer with no extra buffer, no overlap schedule and no speculative decoding; the later
+        ones only where the release's pool takes them (0.5.7 on, 0.5.10 on, 0.5.13 on)."""
+        args = dict(
             size=config.req_size,
             mamba_size=config.mamba_size,
             max_context_len=config.max_context_len,
@@ -73,6 +85,15 @@ class Sglang054Cache(CacheUnderTest):
             cache_params=tiny_mamba_params(self.sgl),
             speculative_num_draft_tokens=None,
         )
+        later = dict(
+            mamba_spec_state_size=config.mamba_size,
+            enable_mamba_extra_buffer=False,
+            mamba_layer_ids=[0],
+            enable_overlap_schedule=False,
+        )
+        accepted = inspect.signature(self.sgl.HybridReqToTokenPool.__init__).parameters
+        args.update((name, value) for name, value in later.items() if name in accepted)
+        return args
 
     def _mamba_slots(self) -> Any:
         return self.mamba_pool
@@ -93,6 +114,33 @@ class Sglang054Cache(CacheUnderTest):
 
     def key(self, tokens: Sequence[int], extra_key: Hashable) -> Any:
         return self.sgl.RadixKey(token_ids=list(tokens), extra_key=extra_key)
+
+    def slots_of(self, req: Any) -> Any:
+        """Where a request keeps its slots and KV lengths: on itself (`req.kv` from 0.5.16)."""
+        return req
+
+    def adopt_match(self, req: Any, match: Any) -> None:
+        """`init_next_round_input`: the prefix, the last node and (read from 0.5.7 on) the
+        tree's share of the row, the match's own count where it gives one (0.5.13 on)."""
+        super().adopt_match(req, match)
+        protected = getattr(match, "cache_protected_len", None)
+        self.slots_of(req).cache_protected_len = len(match.device_indices) if protected is None else protected
+
+    def write_row(self, req: Any, start: int, slots: torch.Tensor) -> None:
+        """The row is written and the request's KV allocated and committed up to its end, as the
+        scheduler's `prepare_for_extend` / `prepare_for_decode` record it (0.5.5.post1 on)."""
+        super().write_row(req, start, slots)
+        end = start + slots.shape[0]
+        kv = self.slots_of(req)
+        kv.kv_allocated_len = max(kv.kv_allocated_len, end)
+        kv.kv_committed_len = max(kv.kv_committed_len, end)
+
+    def reset_for_retract(self, req: Any) -> None:
+        """`Req.reset_for_retract`: no prefix, node or slots, nothing computed."""
+        super().reset_for_retract(req)
+        kv = self.slots_of(req)
+        kv.kv_committed_len = kv.kv_allocated_len = kv.cache_protected_len = 0
+        kv.kv_committed_freed = False
 
     def write_kv(self, slots: Sequence[int], values: Sequence[int]) -> None:
         self._kv_data[self.indices(slots)] = self.indices(values)
@@ -129,7 +177,11 @@ class Sglang054Cache(CacheUnderTest):
 
 class SglangReq:
     """The fields of SGLang's `Req` that its cache and pools read and write, named as SGLang
-    names them (SGLang's own `Req` needs a tokenizer and sampling parameters to build)."""
+    names them (SGLang's own `Req` needs a tokenizer and sampling parameters to build), up to
+    0.5.15.post1 (0.5.16 moved a request's slots into `req.kv`). Fields a release does not read
+    are simply not read: the Mamba extra buffer's (0.5.7 on, left off), the committed KV length
+    (0.5.5.post1 on), the tree's share of the row (`cache_protected_len`, 0.5.7 on), the deferred
+    copy-on-write (0.5.13 on) and the extend's end (`fill_len` 0.5.13, `extend_range` 0.5.15)."""
 
     def __init__(self, rid: int, tokens: Sequence[int], extra_key: Hashable, device: torch.device):
         self.rid = rid
@@ -143,3 +195,31 @@ class SglangReq:
         self.last_node: Any = None
         self.last_host_node: Any = None
         self.host_hit_length = 0
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.kv_committed_freed = False
+        self.cache_protected_len = 0
+        self.mamba_ping_pong_track_buffer = None
+        self.mamba_next_track_idx = None
+        self.mamba_last_track_seqlen = None
+        self.mamba_branching_seqlen = None
+        self.mamba_cow_src_index = None
+        self.mamba_needs_clear = False
+
+    def pop_committed_kv_cache(self) -> int:
+        """`Req.pop_committed_kv_cache` (0.5.5.post1 on): the committed KV length, once."""
+        assert not self.kv_committed_freed, f"Committed KV cache already freed ({self.kv_committed_len=})"
+        self.kv_committed_freed = True
+        return self.kv_committed_len
+
+    def get_fill_ids(self) -> List[int]:
+        return self.fill_ids
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.fill_ids)
+
+    @property
+    def extend_range(self) -> range:
+        """0.5.15's extend range: the fill after the prefix."""
+        return range(len(self.prefix_indices), len(self.fill_ids))

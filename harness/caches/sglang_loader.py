@@ -27,7 +27,7 @@ import os
 import sys
 import time
 import types
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from harness.caches.sglang_releases import RELEASES, known_release, serves_unified, ships_mamba_radix_cache
 
@@ -201,6 +201,40 @@ def _load_unified_cache(sgl: types.SimpleNamespace) -> None:
     )  # its home from 0.5.17; 0.5.16's
     sgl.envs = importlib.import_module("sglang.srt.environ").envs
     logging.getLogger(unified.__name__).setLevel(logging.CRITICAL)
+
+
+MAMBA_CACHE_CHUNK_SIZE = 64  # the Mamba cache chunk size SGLang's own test kits pin
+
+
+class PublishedServerArgs(types.SimpleNamespace):
+    """The server args a release before the runtime context reads: the one setting the cache
+    reads; any other is named in the error."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"the harness publishes only {sorted(vars(self))} of the server args; SGLang read {name!r}")
+
+
+_published: Dict[str, Any] = {}  # release -> what published its server args (once per process)
+
+
+def publish_server_args(sgl: types.SimpleNamespace) -> Any:
+    """Publish (once per process) the server args the cache reads: only the Mamba cache chunk
+    size, pinned as SGLang's own test kits pin it, since deriving it needs a model. From 0.5.15
+    through the runtime context (SGLang's own test override, as SGLang's tests do); before, through
+    `set_global_server_args_for_scheduler` where the release has it (0.5.5 on)."""
+    if sgl.version in _published:
+        return _published[sgl.version]
+    published = None
+    if sgl.runtime_context is not None:
+        context = sgl.runtime_context.get_context()
+        published = context.override_server_args(_mamba_cache_chunk_size=MAMBA_CACHE_CHUNK_SIZE).install()
+    else:
+        server_args = importlib.import_module("sglang.srt.server_args")
+        if hasattr(server_args, "set_global_server_args_for_scheduler"):
+            published = PublishedServerArgs(mamba_cache_chunk_size=MAMBA_CACHE_CHUNK_SIZE)
+            server_args.set_global_server_args_for_scheduler(published)
+    _published[sgl.version] = published
+    return published
 
 
 def sglang_unavailable() -> str:

@@ -28,7 +28,11 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+from dataclasses import replace
+
 from packaging.version import Version
+
+from reference import SGLANG_0_5_4, Rules
 
 # every PyPI release from the first with MambaRadixCache to the newest, oldest first
 RELEASES: Tuple[str, ...] = (
@@ -55,6 +59,27 @@ MAMBA_ERAS: Dict[str, Tuple[str, str]] = {
     "mamba-allocator": ("0.5.13", "0.5.15.post1"),
     "req-kv": ("0.5.16", "0.5.20"),
 }
+
+
+# where `MambaRadixCache`'s deliberate behaviour changed, read from the wheels: (first release,
+# `reference.Rules` switch, its value from then on); 0.5.4's rules hold before the first change
+MAMBA_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
+    ("0.5.4.post3", "insert_refreshes_end_node", True),  # insert's last branch: full_lru reset
+    ("0.5.9", "match_refreshes_mamba_path", False),  # match: only the matched node's state
+    ("0.5.9", "first_mamba_slot", 1),  # MambaPool slots from arange(1, size + 1)
+    ("0.5.10rc0", "insert_frees_duplicate_kv", True),  # _insert_helper(prev_prefix_len) frees them
+    ("0.5.11", "first_req_slot", 1),  # ReqToTokenPool slots from range(1, size + 1)
+    ("0.5.16", "insert_refreshes_mamba", False),  # insert: only states new to the tree
+    ("0.5.16", "split_refreshes_mamba", False),  # _split_node leaves the Mamba list
+    ("0.5.18", "req_slots_from_tail", True),  # ReqToTokenPool.alloc takes free_slots[-n:]
+)
+
+
+def mamba_radix_cache_rules(version: str) -> Rules:
+    """The model's rules for `MambaRadixCache` in release `version` (0.5.4's, changed as
+    `MAMBA_RULE_CHANGES` says)."""
+    changes = {switch: value for first, switch, value in MAMBA_RULE_CHANGES if _v(first) <= _v(version)}
+    return replace(SGLANG_0_5_4, name=version, **changes)
 
 
 def _v(version: str) -> Version:

@@ -40,9 +40,10 @@ import torch
 from packaging.version import Version
 
 from harness.caches.base import CacheUnderTest, storage_of, walk_tree
-from harness.caches.sglang_0_5_20 import MAMBA_CACHE_CHUNK_SIZE, Sglang0520Cache, _publish_server_args
+from harness.caches.sglang_0_5_20 import Sglang0520Cache
+from harness.caches.sglang_loader import publish_server_args
 from harness.snapshot import NodeView, Path, Snapshot, TensorView
-from reference import SGLANG_UNIFIED
+from reference import SGLANG_UNIFIED, Rules
 from strategies.config import CacheConfig
 
 TREE_CORES = ("python", "rust")
@@ -81,9 +82,13 @@ class SglangUnifiedCache(Sglang0520Cache):
         super().__init__(config)
         self._extra_locks: Dict[int, List[Any]] = {}  # per request (id()): locks beyond req.lock
 
+    @classmethod
+    def release_rules(cls, version: str) -> Rules:
+        return cls.rules
+
     def _build_cache(self, config: CacheConfig) -> Any:
         sgl = self.sgl
-        _publish_server_args(sgl.runtime_context, MAMBA_CACHE_CHUNK_SIZE)
+        publish_server_args(sgl)
         ct = sgl.ComponentType
         self.FULL, self.MAMBA = ct.FULL, ct.MAMBA
         params = sgl.CacheInitParams(

@@ -16,12 +16,14 @@ The Mamba slots `alloc_req_slots` makes room for are 0.5.20's (`harness.protocol
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, List, Optional, Set
 
 import torch
 
 from harness.caches.sglang_unified import SglangUnifiedCache, UnifiedMatch
-from reference import SGLANG_UNIFIED_0_5_20
+from harness.caches.sglang_releases import mamba_radix_cache_rules
+from reference import SGLANG_UNIFIED_0_5_20, Rules
 from strategies.config import CacheConfig
 
 
@@ -30,6 +32,12 @@ class SglangUnified0520Cache(SglangUnifiedCache):
 
     rules = SGLANG_UNIFIED_0_5_20
     default_protocol = "unified-0.5.20"
+
+    @classmethod
+    def release_rules(cls, version: str) -> Rules:
+        """0.5.20's rules; the request pool hands out slots from the tail from 0.5.18 only."""
+        tail = mamba_radix_cache_rules(version).req_slots_from_tail
+        return replace(cls.rules, name=f"unified-{version}", req_slots_from_tail=tail)
 
     def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
         super().__init__(config, tree_core)

@@ -38,6 +38,7 @@ def own_finding(trace: Any) -> Optional[str]:
 def replay_on(path: str, release: str, cache: str) -> Dict[str, Any]:
     """The trace at `path` replayed on one cache of the installed release."""
     from harness.caches import cache_factory
+    from harness.checks import InvariantViolation
     from harness.findings import KNOWN_FINDINGS, SetAside
     from harness.trace import load_trace, replay, replay_protocol
 
@@ -55,6 +56,8 @@ def replay_on(path: str, release: str, cache: str) -> Dict[str, Any]:
     if verdict.ok:
         return dict(result, status="passed")
     failure = verdict.failure
+    if failure.step < 0 and not isinstance(verdict.error, InvariantViolation):
+        return _cannot_run(release, cache, f"the harness cannot read it: {type(verdict.error).__name__}: {verdict.error}")
     return dict(result, status="failed", check=failure.check, step=failure.step, message=failure.message.splitlines()[0][:300])
 
 
