@@ -1,8 +1,8 @@
 """`Sglang0520Cache`: SGLang 0.5.20's own `MambaRadixCache` and pools as a cache under test.
 
-The req-kv era (0.5.16 .. 0.5.20): what changed from the mamba-allocator era (`Sglang0513Cache`,
+The req-kv era (0.5.19 .. 0.5.20): what changed from the mamba-allocator era (`Sglang0513Cache`,
 and before it 0.5.9's parameter objects, 0.5.6's `CacheInitParams`) is that a request keeps its
-slots in `req.kv` (`ReqKvInfo`) and `cache_finished_req` needs `kv_len_to_handle`.
+slots and KV lengths in `req.kv` (`ReqKvInfo`).
 
 Each method below makes the call in 0.5.20's form that stands for the 0.5.4-era call of the
 same name, the way 0.5.20's own scheduler helpers make it: finishing is `release_kv_cache`
@@ -77,13 +77,6 @@ class Sglang0520Cache(Sglang0513Cache):
 
     def slots_of(self, req: Any) -> Any:
         return req.kv
-
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
-        """`release_kv_cache(req, tree_cache, is_insert)`: every token computed (all but the
-        last output) is handled, then the request slot goes back."""
-        committed = len(req.origin_input_ids) + len(req.output_ids) - 1
-        self.cache.cache_finished_req(req, is_insert=is_insert, kv_len_to_handle=committed)
-        self.req_pool.free(req)
 
     def sanity_check(self) -> None:
         """The tree's self-check, in the single-GPU process it runs in (tensor-parallel rank 0:

@@ -189,6 +189,7 @@ class SglangReq:
         self.output_ids: List[int] = []
         self.fill_ids: List[int] = []
         self.extra_key = extra_key
+        self.cache_salt = None  # read from 0.5.18 on
         self.req_pool_idx = None
         self.mamba_pool_idx = None
         self.prefix_indices = torch.empty((0,), dtype=torch.int64, device=device)
@@ -205,6 +206,14 @@ class SglangReq:
         self.mamba_branching_seqlen = None
         self.mamba_cow_src_index = None
         self.mamba_needs_clear = False
+        # chunks in flight, which the request pool's `alloc` reads (0.5.9 on; `inflight_middle_chunks`
+        # 0.5.13 on) to let a request keep its row: the harness's requests keep a row only once
+        # they have committed KV, which `alloc` accepts as well
+        self.is_chunked = self.inflight_middle_chunks = 0
+
+    def is_dllm(self) -> bool:
+        """Not a diffusion language model request (0.5.9 on)."""
+        return False
 
     def pop_committed_kv_cache(self) -> int:
         """`Req.pop_committed_kv_cache` (0.5.5.post1 on): the committed KV length, once."""

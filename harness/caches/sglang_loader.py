@@ -219,14 +219,14 @@ _published: Dict[str, Any] = {}  # release -> what published its server args (on
 
 def publish_server_args(sgl: types.SimpleNamespace) -> Any:
     """Publish (once per process) the server args the cache reads: only the Mamba cache chunk
-    size, pinned as SGLang's own test kits pin it, since deriving it needs a model. From 0.5.15
-    through the runtime context (SGLang's own test override, as SGLang's tests do); before, through
+    size, pinned as SGLang's own test kits pin it, since deriving it needs a model: through the
+    runtime context's test override where it has one (as SGLang's tests do), else through
     `set_global_server_args_for_scheduler` where the release has it (0.5.5 on)."""
     if sgl.version in _published:
         return _published[sgl.version]
     published = None
-    if sgl.runtime_context is not None:
-        context = sgl.runtime_context.get_context()
+    context = None if sgl.runtime_context is None else sgl.runtime_context.get_context()
+    if hasattr(context, "override_server_args"):
         published = context.override_server_args(_mamba_cache_chunk_size=MAMBA_CACHE_CHUNK_SIZE).install()
     else:
         server_args = importlib.import_module("sglang.srt.server_args")

@@ -18,10 +18,10 @@ in `harness.caches.sglang_cache_class`):
                                                `MatchPrefixParams`
   params          0.5.9 .. 0.5.12.post1        `InsertParams` / `EvictParams`, request pool
                                                `alloc(reqs)` / `free(req)` / `free_mamba_cache(req)`
-  mamba-allocator 0.5.13 .. 0.5.15.post1       Mamba slots from `req_to_token_pool.mamba_allocator`,
-                                               copy-on-write deferred to the forward pass
-  req-kv          0.5.16 .. 0.5.20             a request's slots in `req.kv` (`ReqKvInfo`),
+  mamba-allocator 0.5.13 .. 0.5.18             Mamba slots from `req_to_token_pool.mamba_allocator`,
+                                               copy-on-write deferred to the forward pass; from 0.5.16
                                                `cache_finished_req(..., kv_len_to_handle)`
+  req-kv          0.5.19 .. 0.5.20             a request's slots in `req.kv` (`ReqKvInfo`)
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ MAMBA_ERAS: Dict[str, Tuple[str, str]] = {
     "kwargs": ("0.5.3.post2", "0.5.5.post3"),
     "init-params": ("0.5.6", "0.5.8.post1"),
     "params": ("0.5.9", "0.5.12.post1"),
-    "mamba-allocator": ("0.5.13", "0.5.15.post1"),
-    "req-kv": ("0.5.16", "0.5.20"),
+    "mamba-allocator": ("0.5.13", "0.5.18"),
+    "req-kv": ("0.5.19", "0.5.20"),
 }
 
 
@@ -65,10 +65,10 @@ MAMBA_ERAS: Dict[str, Tuple[str, str]] = {
 # `reference.Rules` switch, its value from then on); 0.5.4's rules hold before the first change
 MAMBA_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
     ("0.5.4.post3", "insert_refreshes_end_node", True),  # insert's last branch: full_lru reset
-    ("0.5.9", "match_refreshes_mamba_path", False),  # match: only the matched node's state
     ("0.5.9", "first_mamba_slot", 1),  # MambaPool slots from arange(1, size + 1)
     ("0.5.10rc0", "insert_frees_duplicate_kv", True),  # _insert_helper(prev_prefix_len) frees them
     ("0.5.11", "first_req_slot", 1),  # ReqToTokenPool slots from range(1, size + 1)
+    ("0.5.16", "match_refreshes_mamba_path", False),  # match: only the matched node's state
     ("0.5.16", "insert_refreshes_mamba", False),  # insert: only states new to the tree
     ("0.5.16", "split_refreshes_mamba", False),  # _split_node leaves the Mamba list
     ("0.5.18", "req_slots_from_tail", True),  # ReqToTokenPool.alloc takes free_slots[-n:]
