@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from packaging.version import Version
 
-from reference import SGLANG_0_5_4, Rules
+from reference import SGLANG_0_5_4, SGLANG_UNIFIED_0_5_20, Rules
 
 # every PyPI release from the first with MambaRadixCache to the newest, oldest first
 RELEASES: Tuple[str, ...] = (
@@ -80,6 +80,22 @@ def mamba_radix_cache_rules(version: str) -> Rules:
     `MAMBA_RULE_CHANGES` says)."""
     changes = {switch: value for first, switch, value in MAMBA_RULE_CHANGES if _v(first) <= _v(version)}
     return replace(SGLANG_0_5_4, name=version, **changes)
+
+
+# the same for `UnifiedRadixCache` (Full + Mamba) from 0.5.17, whose rules start as 0.5.20's with
+# the differences below undone
+UNIFIED_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
+    ("0.5.17", "split_refreshes_mamba", True),  # _split_node: remove_node, then insert_mru
+    ("0.5.17", "req_slots_from_tail", False),
+    ("0.5.18", "req_slots_from_tail", True),  # ReqToTokenPool.alloc takes free_slots[-n:]
+    ("0.5.20", "split_refreshes_mamba", False),  # _split_node: insert_after(child, node)
+)
+
+
+def unified_rules(version: str) -> Rules:
+    """The model's rules for 0.5.17 .. 0.5.21's `UnifiedRadixCache` in release `version`."""
+    changes = {switch: value for first, switch, value in UNIFIED_RULE_CHANGES if _v(first) <= _v(version)}
+    return replace(SGLANG_UNIFIED_0_5_20, name=f"unified-{version}", **changes)
 
 
 def _v(version: str) -> Version:

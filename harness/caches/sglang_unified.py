@@ -31,6 +31,7 @@ the meaning of the data (`opaque = True`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from array import array
@@ -98,8 +99,10 @@ class SglangUnifiedCache(Sglang0520Cache):
             page_size=config.page_size,
             tree_components=(ct.FULL, ct.MAMBA),
         )
-        # the core is picked as serving picks it (0.5.20 reads only the variable)
-        with sgl.envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND.override(self.tree_core):
+        # the core is picked as serving picks it (0.5.20 reads only the variable; before 0.5.19
+        # there is the Python core alone)
+        backend = getattr(sgl.envs, "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
+        with contextlib.nullcontext() if backend is None else backend.override(self.tree_core):
             cache = sgl.UnifiedRadixCache(params)
         if type(cache.tree_core).__name__ != CORE_CLASSES[self.tree_core]:
             raise RuntimeError(f"asked for the {self.tree_core} tree core, SGLang built {type(cache.tree_core).__name__}")
@@ -138,7 +141,7 @@ class SglangUnifiedCache(Sglang0520Cache):
         req.prefix_len = len(match.device_indices)
         req.last_node = match.last_device_node
         req.last_host_node = match.last_host_node
-        req.kv.cache_protected_len = req.prefix_len
+        self.slots_of(req).cache_protected_len = req.prefix_len
 
     def reset_for_retract(self, req: Any) -> None:
         req.reset_for_retract()
@@ -147,10 +150,10 @@ class SglangUnifiedCache(Sglang0520Cache):
         """`release_kv_cache` already gave the row back through the request."""
 
     def req_slot_of(self, req: Any) -> Optional[int]:
-        return req.kv.req_pool_idx
+        return self.slots_of(req).req_pool_idx
 
     def mamba_slot_of(self, req: Any) -> Optional[int]:
-        slot = req.kv.mamba_pool_idx
+        slot = self.slots_of(req).mamba_pool_idx
         return None if slot is None else int(slot)
 
     def prefix_of(self, req: Any) -> List[int]:
@@ -232,16 +235,18 @@ class SglangUnifiedCache(Sglang0520Cache):
         """`write_cache_indices` (extend) or `assign_req_to_token_pool` (decode); the request's
         KV is then allocated and committed up to the end of what was written."""
         end = start + slots.shape[0]
-        self.req_pool.write((req.kv.req_pool_idx, slice(start, end)), slots.to(self.req_pool.req_to_token.dtype))
-        req.kv.kv_allocated_len = max(req.kv.kv_allocated_len, end)
-        req.kv.kv_committed_len = max(req.kv.kv_committed_len, end)
+        kv = self.slots_of(req)
+        self.req_pool.write((kv.req_pool_idx, slice(start, end)), slots.to(self.req_pool.req_to_token.dtype))
+        kv.kv_allocated_len = max(kv.kv_allocated_len, end)
+        kv.kv_committed_len = max(kv.kv_committed_len, end)
 
     def give_mamba_slot(self, req: Any, slot: torch.Tensor) -> None:
-        req.kv.mamba_pool_idx = slot
+        self.slots_of(req).mamba_pool_idx = slot
 
     def free_req_mamba(self, req: Any) -> None:
-        self.mamba_slots.free(req.kv.mamba_pool_idx.unsqueeze(-1))
-        req.kv.mamba_pool_idx = None
+        kv = self.slots_of(req)
+        self.mamba_slots.free(kv.mamba_pool_idx.unsqueeze(-1))
+        kv.mamba_pool_idx = None
 
     # ----- reading the tree -------------------------------------------------------------------
 
@@ -361,7 +366,9 @@ class SglangUnifiedCache(Sglang0520Cache):
 def unified_factory(version: str, tree_core: str) -> Any:
     """A factory of the `UnifiedRadixCache`s of SGLang `version` on `tree_core` (`parity`: the
     Python and the Rust core side by side, `harness.caches.parity`)."""
-    if Version(version) <= Version("0.5.20"):  # 0.5.16 .. 0.5.20: 0.5.20's calls
+    if Version(version) <= Version("0.5.18"):  # 0.5.17, 0.5.18: 0.5.20's calls, flat requests
+        from harness.caches.sglang_unified_0_5_17 import SglangUnified0517Cache as cls
+    elif Version(version) <= Version("0.5.21"):  # 0.5.19 .. 0.5.21: 0.5.20's calls
         from harness.caches.sglang_unified_0_5_20 import SglangUnified0520Cache as cls
     else:
         cls = SglangUnifiedCache

@@ -12,17 +12,18 @@ It is built and read as `harness.caches.sglang_unified` builds and reads 0.5.23'
                          which matches the inserted key again to find the request's new node
   finishing, retracting  `release_kv_cache(req, tree_cache, is_insert)` (mem_cache/common.py)
 The Mamba slots `alloc_req_slots` makes room for are 0.5.20's (`harness.protocols.unified`).
+0.5.19 and 0.5.21 make the same calls (0.5.21's cache keeps them as wrappers over its new
+`insert_req` / `on_release`), and so are driven by this adapter too.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, List, Optional, Set
 
 import torch
 
 from harness.caches.sglang_unified import SglangUnifiedCache, UnifiedMatch
-from harness.caches.sglang_releases import mamba_radix_cache_rules
+from harness.caches.sglang_releases import unified_rules
 from reference import SGLANG_UNIFIED_0_5_20, Rules
 from strategies.config import CacheConfig
 
@@ -35,9 +36,7 @@ class SglangUnified0520Cache(SglangUnifiedCache):
 
     @classmethod
     def release_rules(cls, version: str) -> Rules:
-        """0.5.20's rules; the request pool hands out slots from the tail from 0.5.18 only."""
-        tail = mamba_radix_cache_rules(version).req_slots_from_tail
-        return replace(cls.rules, name=f"unified-{version}", req_slots_from_tail=tail)
+        return unified_rules(version)
 
     def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
         super().__init__(config, tree_core)
@@ -65,7 +64,7 @@ class SglangUnified0520Cache(SglangUnifiedCache):
 
     def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
         """`maybe_cache_unfinished_req(req, tree_cache, chunked=...)`."""
-        self.cache.cache_unfinished_req(req, chunked=chunked)
+        self.sgl.common.maybe_cache_unfinished_req(req, self.cache, chunked=chunked)
 
     def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
         """`release_kv_cache(req, tree_cache, is_insert)`."""
