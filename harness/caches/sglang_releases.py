@@ -89,11 +89,12 @@ UNIFIED_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
     ("0.5.17", "req_slots_from_tail", False),
     ("0.5.18", "req_slots_from_tail", True),  # ReqToTokenPool.alloc takes free_slots[-n:]
     ("0.5.20", "split_refreshes_mamba", False),  # _split_node: insert_after(child, node)
+    ("0.5.23", "caching_rematches", False),  # checkpoint repoints to the insert's own node
 )
 
 
 def unified_rules(version: str) -> Rules:
-    """The model's rules for 0.5.17 .. 0.5.21's `UnifiedRadixCache` in release `version`."""
+    """The model's rules for `UnifiedRadixCache` in release `version` (0.5.17 on)."""
     changes = {switch: value for first, switch, value in UNIFIED_RULE_CHANGES if _v(first) <= _v(version)}
     return replace(SGLANG_UNIFIED_0_5_20, name=f"unified-{version}", **changes)
 

@@ -43,6 +43,7 @@ from packaging.version import Version
 from harness.caches.base import CacheUnderTest, storage_of, walk_tree
 from harness.caches.sglang_0_5_20 import Sglang0520Cache
 from harness.caches.sglang_loader import publish_server_args
+from harness.caches.sglang_releases import unified_rules
 from harness.snapshot import NodeView, Path, Snapshot, TensorView
 from reference import SGLANG_UNIFIED, Rules
 from strategies.config import CacheConfig
@@ -85,7 +86,7 @@ class SglangUnifiedCache(Sglang0520Cache):
 
     @classmethod
     def release_rules(cls, version: str) -> Rules:
-        return cls.rules
+        return unified_rules(version)
 
     def _build_cache(self, config: CacheConfig) -> Any:
         sgl = self.sgl

@@ -23,8 +23,7 @@ from typing import Any, List, Optional, Set
 import torch
 
 from harness.caches.sglang_unified import SglangUnifiedCache, UnifiedMatch
-from harness.caches.sglang_releases import unified_rules
-from reference import SGLANG_UNIFIED_0_5_20, Rules
+from reference import SGLANG_UNIFIED_0_5_20
 from strategies.config import CacheConfig
 
 
@@ -33,10 +32,6 @@ class SglangUnified0520Cache(SglangUnifiedCache):
 
     rules = SGLANG_UNIFIED_0_5_20
     default_protocol = "unified-0.5.20"
-
-    @classmethod
-    def release_rules(cls, version: str) -> Rules:
-        return unified_rules(version)
 
     def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
         super().__init__(config, tree_core)
