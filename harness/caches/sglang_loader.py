@@ -204,6 +204,7 @@ def _load_unified_cache(sgl: types.SimpleNamespace) -> None:
 
 
 MAMBA_CACHE_CHUNK_SIZE = 64  # the Mamba cache chunk size SGLang's own test kits pin
+PAGE_SIZE = 1  # what every hybrid Mamba cache the harness builds uses
 
 
 class PublishedServerArgs(types.SimpleNamespace):
@@ -218,8 +219,8 @@ _published: Dict[str, Any] = {}  # release -> what published its server args (on
 
 
 def publish_server_args(sgl: types.SimpleNamespace) -> Any:
-    """Publish (once per process) the server args the cache reads: only the Mamba cache chunk
-    size, pinned as SGLang's own test kits pin it, since deriving it needs a model: through the
+    """Publish (once per process) the server args the cache reads: the page size and the Mamba
+    cache chunk size, pinned as SGLang's own test kits pin it, since deriving it needs a model: through the
     runtime context's test override where it has one (as SGLang's tests do), else through
     `set_global_server_args_for_scheduler` where the release has it (0.5.5 on)."""
     if sgl.version in _published:
@@ -227,7 +228,8 @@ def publish_server_args(sgl: types.SimpleNamespace) -> Any:
     published = None
     context = None if sgl.runtime_context is None else sgl.runtime_context.get_context()
     if hasattr(context, "override_server_args"):
-        published = context.override_server_args(_mamba_cache_chunk_size=MAMBA_CACHE_CHUNK_SIZE).install()
+        # the page size too: 0.5.16's release_kv_cache reads it from the server args
+        published = context.override_server_args(_mamba_cache_chunk_size=MAMBA_CACHE_CHUNK_SIZE, page_size=PAGE_SIZE).install()
     else:
         server_args = importlib.import_module("sglang.srt.server_args")
         if hasattr(server_args, "set_global_server_args_for_scheduler"):

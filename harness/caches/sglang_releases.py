@@ -82,11 +82,11 @@ def mamba_radix_cache_rules(version: str) -> Rules:
     return replace(SGLANG_0_5_4, name=version, **changes)
 
 
-# the same for `UnifiedRadixCache` (Full + Mamba) from 0.5.17, whose rules start as 0.5.20's with
+# the same for `UnifiedRadixCache` (Full + Mamba) from 0.5.16, whose rules start as 0.5.20's with
 # the differences below undone
 UNIFIED_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
-    ("0.5.17", "split_refreshes_mamba", True),  # _split_node: remove_node, then insert_mru
-    ("0.5.17", "req_slots_from_tail", False),
+    ("0.5.16", "split_refreshes_mamba", True),  # _split_node: remove_node, then insert_mru
+    ("0.5.16", "req_slots_from_tail", False),
     ("0.5.18", "req_slots_from_tail", True),  # ReqToTokenPool.alloc takes free_slots[-n:]
     ("0.5.20", "split_refreshes_mamba", False),  # _split_node: insert_after(child, node)
     ("0.5.23", "caching_rematches", False),  # checkpoint repoints to the insert's own node
@@ -94,7 +94,7 @@ UNIFIED_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
 
 
 def unified_rules(version: str) -> Rules:
-    """The model's rules for `UnifiedRadixCache` in release `version` (0.5.17 on)."""
+    """The model's rules for `UnifiedRadixCache` in release `version` (0.5.16 on)."""
     changes = {switch: value for first, switch, value in UNIFIED_RULE_CHANGES if _v(first) <= _v(version)}
     return replace(SGLANG_UNIFIED_0_5_20, name=f"unified-{version}", **changes)
 

@@ -105,8 +105,9 @@ class SglangUnifiedCache(Sglang0520Cache):
         backend = getattr(sgl.envs, "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
         with contextlib.nullcontext() if backend is None else backend.override(self.tree_core):
             cache = sgl.UnifiedRadixCache(params)
-        if type(cache.tree_core).__name__ != CORE_CLASSES[self.tree_core]:
-            raise RuntimeError(f"asked for the {self.tree_core} tree core, SGLang built {type(cache.tree_core).__name__}")
+        core = getattr(cache, "tree_core", None)  # none before 0.5.17: the cache is the tree
+        if core is not None and type(core).__name__ != CORE_CLASSES[self.tree_core]:
+            raise RuntimeError(f"asked for the {self.tree_core} tree core, SGLang built {type(core).__name__}")
         return cache
 
     # ----- requests ---------------------------------------------------------------------------
@@ -251,9 +252,14 @@ class SglangUnifiedCache(Sglang0520Cache):
 
     # ----- reading the tree -------------------------------------------------------------------
 
+    @property
+    def tree(self) -> Any:
+        """What holds the nodes and the LRU lists: the tree core (0.5.17 on)."""
+        return self.cache.tree_core
+
     def _path_kv(self, node: int) -> torch.Tensor:
         """The KV slots from the root to `node` (`path_device_indices` in 0.5.23)."""
-        return self.cache.tree_core.collect_full_device_indices(node, self.cache.root_node_handle())
+        return self.tree.collect_full_device_indices(node, self.cache.root_node_handle())
 
     def node_kv(self, node: Any) -> Tuple[int, ...]:
         """The KV slots of every token from the root to `node` (a node id), as the tree gives
@@ -262,7 +268,7 @@ class SglangUnifiedCache(Sglang0520Cache):
 
     def node_object(self, node: Any) -> Any:
         """The Python core's node object for a node id (None once it left the tree)."""
-        return None if node is None else self.cache.tree_core._node_arena.get(node)
+        return None if node is None else self.tree._node_arena.get(node)
 
     def path_of(self, node: Any) -> Optional[Path]:
         """The path of a node (an id) of the Python core, or None for no node or one that left
@@ -279,7 +285,7 @@ class SglangUnifiedCache(Sglang0520Cache):
         if self.opaque:
             return self._outside_snapshot()
         FULL, MAMBA = self.FULL, self.MAMBA
-        walked = walk_tree(self.cache.tree_core.root_node)
+        walked = walk_tree(self.tree.root_node)
         nodes: Dict[Path, NodeView] = {}
         tensors: List[TensorView] = []
         by_node: Dict[int, Path] = {}
@@ -297,7 +303,7 @@ class SglangUnifiedCache(Sglang0520Cache):
         # the Full component keeps no list: its eviction order is `last_access_time`
         full_order = [by_node[id(n)] for n, _, _ in sorted(walked, key=lambda w: -w[0].last_access_time)]
         mamba_members, mamba_ok = self._read_mamba_lru(by_node)
-        root = self.cache.tree_core.root_node
+        root = self.tree.root_node
         return Snapshot(
             nodes=nodes,
             full_lru=full_order,
@@ -316,7 +322,7 @@ class SglangUnifiedCache(Sglang0520Cache):
     def _read_mamba_lru(self, by_node: Dict[int, Path]) -> Tuple[List[Path], bool]:
         """The Mamba LRU list as its links give it, most recent first, and whether its links
         agree both ways, end at its ends and count its size."""
-        lru = self.cache.tree_core.lru_lists[self.MAMBA]
+        lru = self.tree.lru_lists[self.MAMBA]
         pt, size = lru._pt, len(lru.cache)
         members: List[Path] = []
         link = lru.head
@@ -324,7 +330,7 @@ class SglangUnifiedCache(Sglang0520Cache):
             following = link.lru_next[pt]
             if following is None or following.lru_prev[pt] is not link or len(members) == size:
                 return members, False
-            if following is not lru.mid:  # the session partition's marker
+            if following is not getattr(lru, "mid", None):  # the session partition's marker
                 members.append(by_node.get(id(following), ("<not in tree>", (following.id,))))
             link = following
         return members, lru.tail.lru_prev[pt] is link and len(members) == size
@@ -353,7 +359,7 @@ class SglangUnifiedCache(Sglang0520Cache):
             return f"(the Rust tree core's nodes cannot be read; it holds KV slots {self.cache.all_values_flatten().tolist()})"
         FULL, MAMBA = self.FULL, self.MAMBA
         lines = []
-        stack = [(child, 0) for child in reversed(list(self.cache.tree_core.root_node.children.values()))]
+        stack = [(child, 0) for child in reversed(list(self.tree.root_node.children.values()))]
         while stack:
             node, depth = stack.pop()
             full, mamba = node.component_data[FULL], node.component_data[MAMBA]
@@ -367,7 +373,9 @@ class SglangUnifiedCache(Sglang0520Cache):
 def unified_factory(version: str, tree_core: str) -> Any:
     """A factory of the `UnifiedRadixCache`s of SGLang `version` on `tree_core` (`parity`: the
     Python and the Rust core side by side, `harness.caches.parity`)."""
-    if Version(version) <= Version("0.5.18"):  # 0.5.17, 0.5.18: 0.5.20's calls, flat requests
+    if Version(version) <= Version("0.5.16"):  # no tree core yet: the cache holds the nodes
+        from harness.caches.sglang_unified_0_5_16 import SglangUnified0516Cache as cls
+    elif Version(version) <= Version("0.5.18"):  # 0.5.17, 0.5.18: 0.5.20's calls, flat requests
         from harness.caches.sglang_unified_0_5_17 import SglangUnified0517Cache as cls
     elif Version(version) <= Version("0.5.21"):  # 0.5.19 .. 0.5.21: 0.5.20's calls
         from harness.caches.sglang_unified_0_5_20 import SglangUnified0520Cache as cls
