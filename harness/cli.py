@@ -177,12 +177,13 @@ def run_releases(args, out: TextIO) -> int:
 
     if (args.trace is None) == (args.fuzz is None):
         raise UsageError("releases: give a TRACE to replay, or --fuzz SECONDS (not both)")
+    first, last = args.first or RELEASES[0], args.last or RELEASES[-1]
     try:
-        versions = release_range(args.first or RELEASES[0], args.last or RELEASES[-1])
+        versions = release_range(first, last)
     except ValueError as exc:
         raise UsageError(f"releases: {exc}") from None
     if not versions:
-        raise UsageError(f"releases: no release from {args.first} to {args.last}; known: {RELEASES[0]} .. {RELEASES[-1]}")
+        raise UsageError(f"releases: no release from {first} to {last}; known: {RELEASES[0]} .. {RELEASES[-1]}")
     if args.trace is not None:
         load_trace(args.trace)  # a bad file is refused here, before any release runs
         worker_args = ["replay", os.path.abspath(args.trace)]

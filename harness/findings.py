@@ -24,6 +24,9 @@ class KnownFinding:
     check = ""  # the check it fails
     summary = ""  # one line: what goes wrong
     set_aside = ""  # one line: how a fuzz sets it aside
+    # whether the fault is in the release's scheduler (its calls or missing clean-ups), not in the
+    # cache: a replay judges it only under that release's own transcribed scheduler
+    in_scheduler = False
     # (check, what): the one instance a check passes over when the finding is set aside
     tolerated: Optional[Tuple[str, str]] = None
 
@@ -69,6 +72,7 @@ class FinishedMambaSlotInt32(KnownFinding):
 class DisaggChunkedMambaFreed(KnownFinding):
     name = "disagg-chunked-mamba-freed"
     releases = ("0.5.4",)
+    in_scheduler = True
     check = "meaning"
     summary = (
         "disaggregated prefill frees a chunked request's Mamba slot between chunks (req_to_token_pool.free "
@@ -86,6 +90,7 @@ class DisaggChunkedMambaFreed(KnownFinding):
 class FlushUnderLiveRequests(KnownFinding):
     name = "flush-under-live-requests"
     releases = ("0.5.4",)
+    in_scheduler = True
     check = "pool_conservation"
     summary = (
         "flush_cache checks only the waiting queue and the running batch, and resets the tree and clears both pools "
@@ -145,6 +150,7 @@ class RetractPassesIsInsert(KnownFinding):
 class IdleCheckCountsWaitingSlot(KnownFinding):
     name = "idle-check-counts-waiting-slot"
     releases = ("0.5.4",)
+    in_scheduler = True
     check = "ValueError"
     summary = (
         "a request the prefill budget refused keeps the Mamba slot its copy-on-write match filled; once the "
@@ -173,6 +179,7 @@ class IdleSanityCheckLruOrder(KnownFinding):
 class AbortWaitingLeaksMambaSlot(KnownFinding):
     name = "abort-waiting-leaks-mamba-slot"
     releases = ("0.5.4",)
+    in_scheduler = True
     check = "pool_conservation"
     summary = (
         "abort_request pops a waiting request from the queue and frees nothing: a Mamba slot its copy-on-write "

@@ -36,6 +36,9 @@ class CacheUnderTest:
     name = "abstract"
     release = ""  # the version of the code under test
     default_protocol = "contract"  # the scheduler protocol a run uses unless told otherwise
+    # the protocols whose calls the cache takes (a trace recorded under one of them replays under
+    # it across releases: the same calls, each release's cache)
+    protocols: Tuple[str, ...] = ("contract", "sglang-0.5.4")
     rules: Rules = SGLANG_0_5_4  # what the reference model follows for this cache
     misuse_error: type = Exception  # raised when the cache refuses a misuse (e.g. a bad unlock)
     mamba_exhausted_error: type = Exception  # raised when no Mamba slot is left even after evicting

@@ -140,7 +140,8 @@ class Sglang054Cache(CacheUnderTest):
         super().reset_for_retract(req)
         kv = self.slots_of(req)
         kv.kv_committed_len = kv.kv_allocated_len = kv.cache_protected_len = 0
-        kv.kv_committed_freed = False
+        if isinstance(kv, SglangReq):  # the flat request's own flag (`ReqKvInfo` has none)
+            kv.kv_committed_freed = False
 
     def write_kv(self, slots: Sequence[int], values: Sequence[int]) -> None:
         self._kv_data[self.indices(slots)] = self.indices(values)

@@ -24,7 +24,15 @@ from harness.checks.structure import (
 )
 from harness.checks.violation import InvariantViolation
 
+# the checks that read the tree's nodes or the tensors they hold: a cache whose nodes cannot be
+# read (`CacheUnderTest.opaque`, the Rust tree core) is not checked by them
+NEEDS_READABLE_NODES = frozenset(
+    [check.__name__ for check in STRUCTURAL_CHECKS if check not in OUTSIDE_CHECKS]
+    + ["index_types", "own_storage", "node_reclaimed"]
+)
+
 __all__ = [
+    "NEEDS_READABLE_NODES",
     "OUTSIDE_CHECKS",
     "STRUCTURAL_CHECKS",
     "InvariantViolation",

@@ -1,14 +1,18 @@
-"""One release, in its own process: `python -m harness.releases.worker replay TRACE` or
+"""One release, in its own process: `python -m harness.releases.worker replay TRACE...` or
 `... fuzz SECONDS`, with the release first on `PYTHONPATH` (`ReleaseStore.environment`).
 
 It runs every cache of the installed release (`caches_of`) and prints one JSON object per cache
-on its own line, prefixed `RESULT `:
-  {"release", "cache", "protocol", "status": "passed" | "failed" | "cannot run", ...}
+(and trace) on its own line, prefixed `RESULT `:
+  {"release", "cache", "trace", "protocol", "status": "passed" | "failed" | "cannot run", ...}
 a failure with its `check`, `step` and `message` (a fuzz: `failures`, one per failed program,
 each with its trace file), a `cannot run` with its `reason`.
 
 A replay sets aside every known finding except the one the trace records, so that a trace shows
-whether its own failure happens on a release, not whether another finding comes first.
+whether its own failure happens on a release, not whether another finding comes first. It runs
+under the trace's own protocol wherever the cache takes that protocol's calls (0.5.4's scheduler
+drives every `MambaRadixCache`), else under the cache's own. Where a cache cannot tell (a finding
+in a scheduler the release does not run, a check the cache cannot be read for) the result is
+`cannot run`, with the reason, not `passed`.
 """
 
 from __future__ import annotations
@@ -35,29 +39,55 @@ def own_finding(trace: Any) -> Optional[str]:
     return name if name in KNOWN_FINDINGS else None
 
 
+def not_judged(trace: Any, finding: Optional[str], cut: Any, release: str) -> str:
+    """Why this cache cannot tell whether the trace's failure happens on it ('' when it can):
+    a fault of a scheduler replays only under that scheduler, and a check that reads nodes says
+    nothing of a cache whose nodes cannot be read."""
+    from harness.checks import NEEDS_READABLE_NODES
+    from harness.findings import KNOWN_FINDINGS
+
+    if finding is not None and KNOWN_FINDINGS[finding].in_scheduler and release != trace.impl_version:
+        return (
+            f"not judged: {finding} is a fault of SGLang {trace.impl_version}'s scheduler ({trace.protocol}); "
+            f"{release}'s own scheduler is not transcribed (docs/findings.md reads its call sites)"
+        )
+    recorded = trace.failure.check if trace.failure else None
+    if cut.opaque and recorded in NEEDS_READABLE_NODES:
+        return f"not judged: the trace fails {recorded}, which reads the tree's nodes; this tree core's cannot be read"
+    return ""
+
+
 def replay_on(path: str, release: str, cache: str) -> Dict[str, Any]:
     """The trace at `path` replayed on one cache of the installed release."""
-    from harness.caches import cache_factory
+    from harness.caches import cache_class, cache_factory
     from harness.checks import InvariantViolation
     from harness.findings import KNOWN_FINDINGS, SetAside
-    from harness.trace import load_trace, replay, replay_protocol
+    from harness.trace import TraceError, load_trace, replay
 
     trace = load_trace(path)
     try:
         factory = cache_factory(cache)
-        factory(trace.config)  # an adapter that does not fit the release fails here
+        probe = factory(trace.config)  # an adapter that does not fit the release fails here
     except Exception as exc:  # noqa: BLE001 - any failure to build is the reason it cannot run
-        return _cannot_run(release, cache, f"{type(exc).__name__}: {exc}".splitlines()[0])
-    protocol = replay_protocol(trace, factory)
+        return dict(_cannot_run(release, cache, f"{type(exc).__name__}: {exc}".splitlines()[0]), trace=path)
+    cls = cache_class(factory)
+    # the trace's own calls where this cache takes them (the same scheduler, each release's cache)
+    protocol = trace.protocol if trace.protocol in cls.protocols else cls.default_protocol
     mine = own_finding(trace)
+    reason = not_judged(trace, mine, probe, release)
+    if reason:
+        return dict(_cannot_run(release, cache, reason), trace=path, protocol=protocol)
     aside = SetAside((f for name, f in KNOWN_FINDINGS.items() if name != mine), every_release=True)
-    verdict = replay(trace, factory, protocol=protocol, source=path, set_aside=aside)
-    result = {"release": release, "cache": cache, "protocol": protocol, "steps": len(trace.operations)}
+    try:
+        verdict = replay(trace, factory, protocol=protocol, source=path, set_aside=aside)
+    except TraceError as exc:  # an operation the release's scheduler has no counterpart for
+        return dict(_cannot_run(release, cache, f"the trace does not fit its scheduler: {exc}"), trace=path)
+    result = {"release": release, "cache": cache, "trace": path, "protocol": protocol, "steps": len(trace.operations)}
     if verdict.ok:
         return dict(result, status="passed")
     failure = verdict.failure
     if failure.step < 0 and not isinstance(verdict.error, InvariantViolation):
-        return _cannot_run(release, cache, f"the harness cannot read it: {type(verdict.error).__name__}: {verdict.error}")
+        return dict(_cannot_run(release, cache, f"the harness cannot read it: {type(verdict.error).__name__}: {verdict.error}"), trace=path)
     return dict(result, status="failed", check=failure.check, step=failure.step, message=failure.message.splitlines()[0][:300])
 
 
@@ -93,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.releases.worker")
     sub = parser.add_subparsers(dest="command", required=True)
     rp = sub.add_parser("replay")
-    rp.add_argument("trace")
+    rp.add_argument("traces", nargs="+")
     fz = sub.add_parser("fuzz")
     fz.add_argument("seconds", type=float)
     fz.add_argument("--trace-dir", default=None)
@@ -110,10 +140,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     for cache in caches_of(release):
         if args.command == "replay":
-            result = replay_on(args.trace, release, cache)
+            results = [replay_on(trace, release, cache) for trace in args.traces]
         else:
-            result = fuzz_on(args.seconds, release, cache, args.trace_dir or tempfile.mkdtemp(prefix=f"fuzz-{release}-"), args.seed)
-        print(RESULT + json.dumps(result), flush=True)
+            results = [fuzz_on(args.seconds, release, cache, args.trace_dir or tempfile.mkdtemp(prefix=f"fuzz-{release}-"), args.seed)]
+        for result in results:
+            print(RESULT + json.dumps(result), flush=True)
     return 0
 
 
