@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from harness.caches.sglang_releases import known_release, mamba_era, release_range, ships_mamba_radix_cache
 from strategies.config import SchedulerConfig
 
 
@@ -20,7 +21,9 @@ class KnownFinding:
     """One finding in one release, with how to set it aside (see the module docstring)."""
 
     name = "abstract"
-    releases: Tuple[str, ...] = ()  # the cache releases (`CacheUnderTest.release`) it was found in
+    # the releases it affects (`CacheUnderTest.release`): from `python -m harness releases` over
+    # every release, or for a fault of a scheduler from reading each release's call sites
+    releases: Tuple[str, ...] = ()
     check = ""  # the check it fails
     summary = ""  # one line: what goes wrong
     set_aside = ""  # one line: how a fuzz sets it aside
@@ -29,6 +32,14 @@ class KnownFinding:
     in_scheduler = False
     # (check, what): the one instance a check passes over when the finding is set aside
     tolerated: Optional[Tuple[str, str]] = None
+
+    def meets(self, release: str) -> bool:
+        """Whether a run on `release` can meet this finding: a release it affects, or, for a fault
+        of 0.5.4's scheduler, any release that scheduler's transcription drives by default (the
+        releases with 0.5.4's keyword API: `harness.caches.sglang_releases`)."""
+        if release in self.releases:
+            return True
+        return self.in_scheduler and known_release(release) and ships_mamba_radix_cache(release) and mamba_era(release) == "kwargs"
 
     def tolerates(self, check: str, what: str) -> bool:
         """Whether `check` passes over one instance of this finding (`what` names it)."""
@@ -45,7 +56,7 @@ class KnownFinding:
 
 class MambaForkViewsFreeList(KnownFinding):
     name = "mamba-fork-views-free-list"
-    releases = ("0.5.4", "0.5.20", "0.5.23")
+    releases = release_range("0.5.3.post2", "0.5.23")
     check = "own_storage"
     summary = (
         "caching a running request stores the Mamba slot it allocates for the node as the allocator hands it out, "
@@ -59,7 +70,7 @@ class MambaForkViewsFreeList(KnownFinding):
 
 class FinishedMambaSlotInt32(KnownFinding):
     name = "finished-mamba-slot-int32"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.3.post2", "0.5.4.post3")
     check = "index_types"
     summary = (
         "cache_finished_req stores the request's Mamba slot as it reads it from the int32 request-to-Mamba map: "
@@ -71,7 +82,7 @@ class FinishedMambaSlotInt32(KnownFinding):
 
 class DisaggChunkedMambaFreed(KnownFinding):
     name = "disagg-chunked-mamba-freed"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.3.post2", "0.5.5.post1")
     in_scheduler = True
     check = "meaning"
     summary = (
@@ -89,7 +100,7 @@ class DisaggChunkedMambaFreed(KnownFinding):
 
 class FlushUnderLiveRequests(KnownFinding):
     name = "flush-under-live-requests"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.3.post2", "0.5.4.post1")
     in_scheduler = True
     check = "pool_conservation"
     summary = (
@@ -105,7 +116,7 @@ class FlushUnderLiveRequests(KnownFinding):
 
 class RemovedNodesStayLinked(KnownFinding):
     name = "removed-nodes-stay-linked"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.3.post2", "0.5.12.post1")
     check = "node_reclaimed"
     summary = (
         "a node taken out of an LRU list keeps its prev/next pointing at its old neighbours, so a removed node stays "
@@ -118,7 +129,7 @@ class RemovedNodesStayLinked(KnownFinding):
 
 class ResetDropsLinkedTree(KnownFinding):
     name = "reset-drops-linked-tree"
-    releases = ("0.5.4", "0.5.20", "0.5.23")
+    releases = release_range("0.5.3.post2", "0.5.23")
     check = "node_reclaimed"
     summary = (
         "reset() (a cache flush) replaces the root and the LRU lists but leaves the old tree's nodes referring to "
@@ -132,7 +143,7 @@ class ResetDropsLinkedTree(KnownFinding):
 
 class RetractPassesIsInsert(KnownFinding):
     name = "retract-passes-is-insert"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.3.post2", "0.5.4.post2")
     check = "TypeError"
     summary = (
         "retraction under decode memory pressure calls cache_finished_req(req, is_insert=False), which 0.5.4's "
@@ -149,7 +160,7 @@ class RetractPassesIsInsert(KnownFinding):
 
 class IdleCheckCountsWaitingSlot(KnownFinding):
     name = "idle-check-counts-waiting-slot"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.4", "0.5.9")
     in_scheduler = True
     check = "ValueError"
     summary = (
@@ -163,7 +174,7 @@ class IdleCheckCountsWaitingSlot(KnownFinding):
 
 class IdleSanityCheckLruOrder(KnownFinding):
     name = "idle-sanity-check-lru-order"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.3.post2", "0.5.4.post2")
     check = "Exception"
     summary = (
         "the idle sanity_check compares the LRU lists with the nodes' last_access_time stamps, which a match sets "
@@ -178,7 +189,7 @@ class IdleSanityCheckLruOrder(KnownFinding):
 
 class AbortWaitingLeaksMambaSlot(KnownFinding):
     name = "abort-waiting-leaks-mamba-slot"
-    releases = ("0.5.4",)
+    releases = release_range("0.5.3.post2", "0.5.4.post3")
     in_scheduler = True
     check = "pool_conservation"
     summary = (
@@ -243,20 +254,20 @@ class SetAside:
         sets nothing aside there), unless they are set aside on every release."""
         if self.every_release:
             return self
-        return SetAside(f for f in self.findings if release in f.releases)
+        return SetAside(f for f in self.findings if f.meets(release))
 
 
 def set_aside(names: Sequence[str], release: str) -> SetAside:
     """The findings `names` name (`all`: every known finding of `release`); ValueError naming an
     unknown one or one not found in `release`."""
     if list(names) == ["all"]:
-        return SetAside(f for f in KNOWN_FINDINGS.values() if release in f.releases)
+        return SetAside(f for f in KNOWN_FINDINGS.values() if f.meets(release))
     chosen = []
     for name in names:
         finding = KNOWN_FINDINGS.get(name)
         if finding is None:
             raise ValueError(f"--set-aside: unknown finding {name!r}; known: {sorted(KNOWN_FINDINGS)} or 'all'")
-        if release not in finding.releases:
-            raise ValueError(f"--set-aside {name}: found in {list(finding.releases)}, not in the release under test ({release})")
+        if not finding.meets(release):
+            raise ValueError(f"--set-aside {name}: affects {finding.releases[0]} .. {finding.releases[-1]}, not the release under test ({release})")
         chosen.append(finding)
     return SetAside(chosen)
