@@ -122,7 +122,7 @@ def test_without_fail_fast_a_failed_configuration_leaves_the_rotation(tmp_path):
     "args, message",
     [
         (["--set-aside", "no-such-finding"], "--set-aside: unknown finding 'no-such-finding'"),
-        (["--set-aside", "retract-passes-is-insert"], "--set-aside retract-passes-is-insert: found in ['0.5.4'], not in the release under test"),
+        (["--set-aside", "retract-passes-is-insert"], "--set-aside retract-passes-is-insert: affects 0.5.3.post2 .. 0.5.4.post2, not the release under test"),
         (["--protocol", "sglang-9.9"], "--protocol must be one of"),
     ],
 )
