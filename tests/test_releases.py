@@ -2,6 +2,7 @@
 verdicts, the `releases` command's refusals, and the command itself on the three hard-scenario
 traces over a few releases (skipping, saying why, where the releases cannot be fetched or run)."""
 
+import io
 import json
 import os
 import subprocess
@@ -178,30 +179,36 @@ def _runnable_or_skip(version):
         pytest.skip(f"SGLang {version} cannot run here ({cannot[0]}); scripts/release-store.sh installs what it needs")
 
 
+def _releases(argv):
+    """`python -m harness releases ...`: its exit status and what it printed."""
+    out = io.StringIO()
+    return main(["releases", *argv], out=out), out.getvalue()
+
+
 @pytest.mark.parametrize("trace", HARD_SCENARIOS)
-def test_the_hard_scenarios_pass_on_every_cache_of_a_few_releases(trace, capsys):
+def test_the_hard_scenarios_pass_on_every_cache_of_a_few_releases(trace):
     for version in FEW_RELEASES:
         _runnable_or_skip(version)
     path = os.path.join(HERE, "regressions", trace)
-    status = main(["releases", path, "--from", FEW_RELEASES[0], "--to", FEW_RELEASES[0], "--json"])
-    first = json.loads(capsys.readouterr().out)
-    assert status == 0 and [r["status"] for r in first["results"]] == ["passed"]
+    status, printed = _releases([path, "--from", FEW_RELEASES[0], "--to", FEW_RELEASES[0], "--json"])
+    assert status == 0 and [r["status"] for r in json.loads(printed)["results"]] == ["passed"]
     for version in FEW_RELEASES[1:]:
-        assert main(["releases", path, "--from", version, "--to", version]) == 0
-        out = capsys.readouterr().out
+        status, out = _releases([path, "--from", version, "--to", version])
         rows = [line for line in out.splitlines() if line.startswith(version + " ")]
-        assert rows and all(line.endswith("passed") for line in rows), out
+        assert status == 0 and rows and all(line.endswith("passed") for line in rows), out
         assert "served: never fails" in out
 
 
-def test_a_finding_trace_fails_where_its_finding_is_and_passes_where_it_is_fixed(capsys):
+def test_a_finding_trace_fails_where_its_finding_is_and_passes_where_it_is_fixed():
     """0.5.4's scheduler passes `is_insert` to a `cache_finished_req` that does not take it
     (`retract-passes-is-insert`); 0.5.4.post3's cache takes it."""
     for version in ("0.5.4", "0.5.4.post3"):
         _runnable_or_skip(version)
     path = os.path.join(HERE, "regressions", "sglang-0.5.4", "retract-passes-is-insert.json")
-    assert main(["releases", path, "--from", "0.5.4", "--to", "0.5.4.post3", "--json"]) == 1
-    report = json.loads(capsys.readouterr().out)
+    status, printed = _releases([path, "--from", "0.5.4", "--to", "0.5.4.post3", "--json"])
+    report = json.loads(printed)
+    assert status == 1
     verdicts = {r["release"]: r["status"] for r in report["results"]}
     assert verdicts["0.5.4"] == "failed" and verdicts["0.5.4.post3"] == "passed"
-    assert report["summary"]["served"]["first_fixed"] in ("0.5.4.post1", "0.5.4.post2", "0.5.4.post3")
+    assert report["summary"]["served"]["first_fixed"] == "0.5.4.post3"
+    assert report["summary"]["served"]["failing_in"] == ["0.5.4", "0.5.4.post1", "0.5.4.post2"]
