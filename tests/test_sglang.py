@@ -167,8 +167,8 @@ def test_each_rule_0_5_20_changed_is_needed_to_agree_with_it(rule, tmp_path):
     if sglang_version() != "0.5.20":
         pytest.skip(f"needs SGLang 0.5.20 (installed: {sglang_version()})")
     factory = cache_factory("sglang")
-    rules = dataclasses.replace(factory.rules, **{rule: getattr(SGLANG_0_5_4, rule)})
-    with_old_rule = type(f"{factory.__name__}With054{rule}", (factory,), {"rules": rules})
+    rules = dataclasses.replace(factory.release_rules("0.5.20"), **{rule: getattr(SGLANG_0_5_4, rule)})
+    with_old_rule = type(f"{factory.__name__}With054{rule}", (factory,), {"release_rules": classmethod(lambda cls, version: rules)})
     known = set_aside(["all"], cache_release(factory))
     machine = machine_for(SCENARIOS["medium"], with_old_rule, trace_dir=str(tmp_path), set_aside=known)
     with pytest.raises(Exception, match="lru_lists|pool_conservation|differs"):

@@ -57,7 +57,8 @@ def test_the_cache_under_test_is_the_unified_cache_on_the_named_core(core):
     assert type(cut.cache.tree_core).__name__ == {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[core]
     assert type(cut.req_pool) is sgl.HybridReqToTokenPool and type(cut.kv) is sgl.TokenToKVPoolAllocator
     rules, protocol = RELEASE_RULES[sgl.version]
-    assert (cut.name, cut.release, cut.rules, cut.default_protocol) == (f"sglang-{core}", sgl.version, rules, protocol)
+    # the release's rules, whatever their name (`unified_rules` names them by release)
+    assert (cut.name, cut.release, dataclasses.replace(cut.rules, name=rules.name), cut.default_protocol) == (f"sglang-{core}", sgl.version, rules, protocol)
     assert cut.opaque == (core == "rust")  # the Rust core's nodes cannot be read from Python
 
 
@@ -151,8 +152,8 @@ def test_each_unified_rule_is_needed_to_agree_with_it(index, tmp_path):
     the Python core, whose tree it reads)."""
     rule, value = changed_rules(sglang_version())[index]
     factory = cache_factory("sglang-python")
-    rules = dataclasses.replace(factory.func.rules, **{rule: value})
-    patched = type(f"UnifiedWithOther{rule}", (factory.func,), {"rules": rules})
+    rules = dataclasses.replace(factory.func.release_rules(sglang_version()), **{rule: value})
+    patched = type(f"UnifiedWithOther{rule}", (factory.func,), {"release_rules": classmethod(lambda cls, version: rules)})
     old_factory = functools.partial(patched, tree_core="python")
     known = set_aside(["all"], cache_release(factory))
     machine = machine_for(SCENARIOS["medium"], old_factory, trace_dir=str(tmp_path), set_aside=known)

@@ -29,7 +29,7 @@ import time
 import types
 from typing import Any, Dict, Optional
 
-from harness.caches.sglang_releases import RELEASES, known_release, serves_unified, ships_mamba_radix_cache
+from harness.caches.sglang_releases import RELEASES, known_release, mamba_era, serves_unified, ships_mamba_radix_cache
 
 INSTALL_HINT = "scripts/install-sglang.sh 0.5.4|0.5.20|0.5.23, or any release through the release store (see README, 'Checking SGLang')"
 CUDA_ONLY_PACKAGES = ("torchvision", "sgl_kernel")
@@ -152,7 +152,8 @@ def load_sglang() -> types.SimpleNamespace:
             sgl.MambaRadixCache = sgl.cache_module.MambaRadixCache
             # the tree logs its self-check failures before raising them; the harness reports them
             logging.getLogger(sgl.cache_module.__name__).setLevel(logging.CRITICAL)
-        _load_parameter_api(sgl)
+        if not (ships_mamba_radix_cache(version) and mamba_era(version) == "kwargs"):
+            _load_parameter_api(sgl)  # the keyword era (0.5.4's API) calls none of it
         if serves_unified(version):
             _load_unified_cache(sgl)
     except SglangUnavailable:

@@ -24,28 +24,38 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional
 
+from harness.caches import CacheUnderTest, cache_class, cache_factory
+from harness.caches.sglang_loader import SglangUnavailable, sglang_version
+from harness.caches.sglang_releases import caches_of
+from harness.checks import NEEDS_READABLE_NODES, InvariantViolation
+from harness.findings import KNOWN_FINDINGS, SetAside
+from harness.fuzz import FuzzOptions, fuzz
+from harness.trace import Trace, TraceError, load_trace, replay
+from strategies import SCENARIOS
+from strategies.config import CacheConfig
+
 RESULT = "RESULT "
+PROBE = CacheConfig(kv_size=24, mamba_size=6, req_size=3, max_context_len=32)  # a fuzz's first build
 
 
-def _cannot_run(release: str, cache: str, reason: str) -> Dict[str, Any]:
-    return {"release": release, "cache": cache, "status": "cannot run", "reason": reason}
+def _cannot_run(release: str, cache: str, reason: str, **extra: Any) -> Dict[str, Any]:
+    return dict(release=release, cache=cache, status="cannot run", reason=reason, **extra)
 
 
-def own_finding(trace: Any) -> Optional[str]:
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def own_finding(trace: Trace) -> Optional[str]:
     """The known finding a trace records (its `known_failure` starts with the name), if any."""
-    from harness.findings import KNOWN_FINDINGS
-
     name = (trace.known_failure or "").split(":", 1)[0].strip()
     return name if name in KNOWN_FINDINGS else None
 
 
-def not_judged(trace: Any, finding: Optional[str], cut: Any, release: str) -> str:
+def not_judged(trace: Trace, finding: Optional[str], cut: CacheUnderTest, release: str) -> str:
     """Why this cache cannot tell whether the trace's failure happens on it ('' when it can):
     a fault of a scheduler replays only under that scheduler, and a check that reads nodes says
     nothing of a cache whose nodes cannot be read."""
-    from harness.checks import NEEDS_READABLE_NODES
-    from harness.findings import KNOWN_FINDINGS
-
     if finding is not None and KNOWN_FINDINGS[finding].in_scheduler and release != trace.impl_version:
         return (
             f"not judged: {finding} is a fault of SGLang {trace.impl_version}'s scheduler ({trace.protocol}); "
@@ -59,64 +69,54 @@ def not_judged(trace: Any, finding: Optional[str], cut: Any, release: str) -> st
 
 def replay_on(path: str, release: str, cache: str) -> Dict[str, Any]:
     """The trace at `path` replayed on one cache of the installed release."""
-    from harness.caches import cache_class, cache_factory
-    from harness.checks import InvariantViolation
-    from harness.findings import KNOWN_FINDINGS, SetAside
-    from harness.trace import TraceError, load_trace, replay
-
     trace = load_trace(path)
     try:
         factory = cache_factory(cache)
         probe = factory(trace.config)  # an adapter that does not fit the release fails here
     except Exception as exc:  # noqa: BLE001 - any failure to build is the reason it cannot run
-        return dict(_cannot_run(release, cache, f"{type(exc).__name__}: {exc}".splitlines()[0]), trace=path)
+        return _cannot_run(release, cache, _why(exc), trace=path)
     cls = cache_class(factory)
     # the trace's own calls where this cache takes them (the same scheduler, each release's cache)
     protocol = trace.protocol if trace.protocol in cls.protocols else cls.default_protocol
     mine = own_finding(trace)
     reason = not_judged(trace, mine, probe, release)
     if reason:
-        return dict(_cannot_run(release, cache, reason), trace=path, protocol=protocol)
+        return _cannot_run(release, cache, reason, trace=path, protocol=protocol)
     aside = SetAside((f for name, f in KNOWN_FINDINGS.items() if name != mine), every_release=True)
     try:
         verdict = replay(trace, factory, protocol=protocol, source=path, set_aside=aside)
     except TraceError as exc:  # an operation the release's scheduler has no counterpart for
-        return dict(_cannot_run(release, cache, f"the trace does not fit its scheduler: {exc}"), trace=path)
-    result = {"release": release, "cache": cache, "trace": path, "protocol": protocol, "steps": len(trace.operations)}
+        return _cannot_run(release, cache, f"the trace does not fit its scheduler: {exc}", trace=path, protocol=protocol)
+    result = dict(release=release, cache=cache, trace=path, protocol=protocol, steps=len(trace.operations))
     if verdict.ok:
         return dict(result, status="passed")
     failure = verdict.failure
     if failure.step < 0 and not isinstance(verdict.error, InvariantViolation):
-        return dict(_cannot_run(release, cache, f"the harness cannot read it: {type(verdict.error).__name__}: {verdict.error}"), trace=path)
+        return _cannot_run(release, cache, f"the harness cannot read it: {_why(verdict.error)}", trace=path, protocol=protocol)
     return dict(result, status="failed", check=failure.check, step=failure.step, message=failure.message.splitlines()[0][:300])
 
 
 def fuzz_on(seconds: float, release: str, cache: str, trace_dir: str, seed: Optional[int]) -> Dict[str, Any]:
-    """A fuzz of one cache of the installed release for `seconds`, the known findings of the
-    release (`KnownFinding.releases`) set aside."""
-    from harness.caches import cache_factory
-    from harness.fuzz import FuzzOptions, fuzz
-    from strategies import SCENARIOS
-    from strategies.config import CacheConfig
-
+    """A fuzz of one cache of the installed release for `seconds` (the random engine, every
+    configuration), the known findings of the release (`KnownFinding.meets`) set aside."""
     try:
-        cache_factory(cache)(CacheConfig(kv_size=24, mamba_size=6, req_size=3, max_context_len=32))
+        factory = cache_factory(cache)
+        factory(PROBE)
     except Exception as exc:  # noqa: BLE001
-        return _cannot_run(release, cache, f"{type(exc).__name__}: {exc}".splitlines()[0])
+        return _cannot_run(release, cache, _why(exc))
     options = FuzzOptions(
         seconds=seconds, impl=cache, protocol=None, profile="nightly", configs=sorted(SCENARIOS), seed=seed, db=None,
-        report=None, engine="random", workers=1, fail_fast=False, set_aside=["all"],
+        report=None, engine="random", workers=1, fail_fast=False, trace_dir=trace_dir, set_aside=["all"],
     )
-    options.trace_dir = trace_dir
     report = fuzz(options, io.StringIO())
     failures = [
-        {"check": f.get("check"), "step": f.get("step"), "message": str(f.get("message", "")).splitlines()[0][:300], "trace": f.get("trace")}
+        dict(check=f.get("check"), step=f.get("step"), message=str(f.get("message", "")).splitlines()[0][:300], trace=f.get("trace"))
         for f in report["failures"]
     ]
-    return {
-        "release": release, "cache": cache, "status": "failed" if failures else "passed",
-        "programs": report.get("programs"), "steps": report.get("steps"), "failures": failures,
-    }
+    return dict(
+        release=release, cache=cache, protocol=cache_class(factory).default_protocol, status="failed" if failures else "passed",
+        programs=report.get("programs"), steps=report.get("steps"), failures=failures,
+    )
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -129,10 +129,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     fz.add_argument("--trace-dir", default=None)
     fz.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
-
-    from harness.caches.sglang_loader import SglangUnavailable, sglang_version
-    from harness.caches.sglang_releases import caches_of
-
     try:
         release = sglang_version()
     except SglangUnavailable as exc:
