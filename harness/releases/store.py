@@ -16,6 +16,7 @@ start, not an install. `scripts/release-store.sh` installs that set and fetches 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import os
 import shutil
@@ -69,7 +70,16 @@ class ReleaseStore:
         return wheel
 
     def ensure(self, version: str) -> Path:
-        """The directory the release runs from, fetched and unpacked first if need be."""
+        """The directory the release runs from, fetched and unpacked first if need be (one
+        process at a time: others wait on the store's lock, then find it there)."""
+        if self.has(version):
+            return self.unpacked(version)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._unpack(version)
+
+    def _unpack(self, version: str) -> Path:
         if self.has(version):
             return self.unpacked(version)
         wheel = self.fetch(version)
