@@ -1,12 +1,13 @@
 """The caches under test, one module per cache family and API era.
 
   impl            this repository's `impl` (`harness.caches.impl`)
-  sglang          SGLang's own hybrid cache and pools, for the installed release: its
-                  `MambaRadixCache` on 0.5.4 (`harness.caches.sglang_0_5_4`) and 0.5.20
-                  (`sglang_0_5_20`); its `UnifiedRadixCache` on the Python tree core on 0.5.23
-  sglang-CORE     SGLang's `UnifiedRadixCache` (Full + Mamba, `harness.caches.sglang_unified`) on
-                  tree core CORE: `python`, `rust`, or `parity` (both side by side,
-                  `harness.caches.parity`); 0.5.20 and 0.5.23
+  sglang          SGLang's own hybrid cache and pools, for the installed release (any from
+                  0.5.3.post2 to 0.5.23, `harness.caches.sglang_releases`): its `MambaRadixCache`
+                  in that release's API era (`MAMBA_ERA_ADAPTERS`) where it ships one, else its
+                  `UnifiedRadixCache` on the Python tree
+  sglang-CORE     SGLang's `UnifiedRadixCache` (Full + Mamba) on tree core CORE: `python`, `rust`,
+                  or `parity` (both side by side, `harness.caches.parity`); 0.5.16 on (`python`
+                  only before 0.5.19), an adapter per era (`sglang_unified*.unified_factory`)
   MODULE:CLASS    a subclass of `impl.MambaRadixCache` (a planted bug, a patched cache)
 
 `cache_factory(name)` gives a callable building the cache from a `CacheConfig`;
