@@ -46,6 +46,9 @@ class Rules:
     # caching a running request matches its tokens again to find its new last node (refreshing
     # that path); else the node the insert ended on is taken as it is
     caching_rematches: bool = True
+    # finishing a request (its final insert) matches its tokens again too, refreshing that path
+    # (0.5.22's `checkpoint_into_tree`, one path for running and finished requests)
+    finishing_rematches: bool = False
     # insert itself frees the caller's KV for tokens already cached past `prev_prefix_len` (else
     # the caller frees them)
     insert_frees_duplicate_kv: bool = False
@@ -548,6 +551,8 @@ class ReferenceCache:
             return
         tokens = (req.origin + tuple(req.output))[:n]
         new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, req.mamba_slot, len(req.prefix))
+        if self.rules.finishing_rematches:
+            self.match_prefix(tokens, req.extra_key)
         if not self.rules.insert_frees_duplicate_kv:
             self.free_kv(kv[len(req.prefix):new_prefix_len])
         self.req_free_slot(req, free_mamba=exist)

@@ -115,6 +115,10 @@ class CacheUnderTest:
     def last_node_of(self, req: Any) -> Any:
         return req.last_node
 
+    def nodes_of(self, req: Any) -> List[Any]:
+        """Every tree node a request refers to (the scheduler keeps them alive while it lives)."""
+        return [self.last_node_of(req)]
+
     # ----- the cache's own calls --------------------------------------------------------------
 
     def match_prefix(self, key: Any, **kwargs: Any) -> Any:

@@ -89,7 +89,9 @@ UNIFIED_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
     ("0.5.16", "req_slots_from_tail", False),
     ("0.5.18", "req_slots_from_tail", True),  # ReqToTokenPool.alloc takes free_slots[-n:]
     ("0.5.20", "split_refreshes_mamba", False),  # _split_node: insert_after(child, node)
+    ("0.5.22", "finishing_rematches", True),  # checkpoint_into_tree matches again, finished or not
     ("0.5.23", "caching_rematches", False),  # checkpoint repoints to the insert's own node
+    ("0.5.23", "finishing_rematches", False),
 )
 
 

@@ -167,6 +167,11 @@ class SglangUnifiedCache(Sglang0520Cache):
     def last_node_of(self, req: Any) -> Any:
         return req.last_node
 
+    def nodes_of(self, req: Any) -> List[Any]:
+        """Its last node and its last host node (a node object in 0.5.16, whose handles are the
+        nodes themselves)."""
+        return [req.last_node, req.last_host_node]
+
     # ----- the cache's own calls --------------------------------------------------------------
 
     def match_prefix(self, key: Any, cow_mamba: bool = False, req: Any = None, **scheduler_args: Any) -> UnifiedMatch:

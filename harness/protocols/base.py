@@ -98,11 +98,12 @@ class SchedulerProtocol:
         return out
 
     def held_nodes(self) -> Iterable[Any]:
-        """The tree nodes the scheduler's requests refer to (their last nodes and those nodes'
-        ancestors): alive whether or not they are still in the tree."""
+        """The tree nodes the scheduler's requests refer to (`CacheUnderTest.nodes_of`, and those
+        nodes' ancestors): alive whether or not they are still in the tree."""
         cut = self.caches.cut
         for r in self.referenced_requests():
-            node = cut.node_object(cut.last_node_of(r.cut))
-            while node is not None:
-                yield node
-                node = node.parent
+            for handle in cut.nodes_of(r.cut):
+                node = cut.node_object(handle)
+                while node is not None:
+                    yield node
+                    node = node.parent
