@@ -23,7 +23,7 @@ from harness.caches.sglang_releases import (
     unified_rules,
 )
 from harness.cli import main
-from harness.releases.history import describe, history, summarize
+from harness.releases.history import describe, history, print_table, summarize
 from harness.releases.store import ReleaseStore, StoreError
 from reference import SGLANG_0_5_4, SGLANG_0_5_20, SGLANG_UNIFIED, SGLANG_UNIFIED_0_5_20
 
@@ -212,3 +212,18 @@ def test_a_finding_trace_fails_where_its_finding_is_and_passes_where_it_is_fixed
     assert verdicts["0.5.4"] == "failed" and verdicts["0.5.4.post3"] == "passed"
     assert report["summary"]["served"]["first_fixed"] == "0.5.4.post3"
     assert report["summary"]["served"]["failing_in"] == ["0.5.4", "0.5.4.post1", "0.5.4.post2"]
+
+
+def test_a_fuzz_of_a_release_reports_every_cache_with_its_findings_set_aside(tmp_path):
+    _runnable_or_skip("0.5.13")
+    status, out = _releases(["--fuzz", "5", "--seed", "3", "--from", "0.5.13", "--to", "0.5.13", "--trace-dir", str(tmp_path)])
+    rows = [line for line in out.splitlines() if line.startswith("0.5.13 ")]
+    assert status == 0 and len(rows) == 1 and rows[0].endswith("passed"), out
+
+
+def test_the_table_lists_each_fuzz_failure_with_its_trace():
+    out = io.StringIO()
+    failure = {"check": "own_storage", "message": "a view of a pool's free list", "trace": "/tmp/own_storage-2ops.json"}
+    print_table([_result("0.5.9", "failed", protocol="contract", failures=[failure])], out)
+    text = out.getvalue()
+    assert "failed (1 program(s): own_storage)" in text and "/tmp/own_storage-2ops.json" in text

@@ -89,6 +89,11 @@ def print_table(results: Sequence[Result], out: TextIO) -> None:
         served = " *" if r["cache"] == served_cache(r["release"]) else ""
         out.write(f"{r['release']:<{width}}  {label(r['cache']) + served:<28}  {r.get('protocol', '-'):<15}  {outcome(r)}\n")
     out.write("(* the cache the release's scheduler builds for hybrid Mamba models)\n")
+    fuzzed = [(r, f) for r in results for f in r.get("failures", ())]
+    if fuzzed:
+        out.write("\nfailures (replay each with: PYTHONPATH=<the release's store directory> python -m harness replay TRACE --impl CACHE)\n")
+        for r, f in fuzzed:
+            out.write(f"{r['release']:<{width}}  {r['cache']:<14}  {f['check']}: {f['message'][:100]}\n{'':<{width}}  {'':<14}  {f['trace']}\n")
 
 
 def describe(name: str, summary: Dict[str, Any]) -> str:
