@@ -96,7 +96,7 @@ def test_history_names_the_first_failing_and_first_fixed_release_and_a_regressio
 
 
 def test_a_series_that_never_ran_or_never_failed_says_so():
-    assert describe("x", history([_result("0.5.4", "cannot run", reason="r")])) == "x: did not run"
+    assert describe("x", history([_result("0.5.4", "cannot run", reason="r")])) == "x: ran on no release (each row says why)"
     assert describe("x", history([_result("0.5.4", "passed")])) == "x: never fails"
 
 

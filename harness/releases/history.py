@@ -99,7 +99,7 @@ def print_table(results: Sequence[Result], out: TextIO) -> None:
 def describe(name: str, summary: Dict[str, Any]) -> str:
     """One line for a series: where it fails, where it is fixed, where it comes back."""
     if summary["ran"] == 0:
-        return f"{name}: did not run"
+        return f"{name}: ran on no release (each row says why)"
     if not summary["changes"]:
         return f"{name}: never fails"
     words = {"fails": "first failing", "fixed": "fixed in", "regressed": "REGRESSION: fails again in"}
