@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from harness.caches.sglang_releases import known_release, mamba_era, release_range, ships_mamba_radix_cache
+from harness.caches.sglang_releases import MAMBA_ERAS, release_range
 from strategies.config import SchedulerConfig
 
 
@@ -39,7 +39,7 @@ class KnownFinding:
         releases with 0.5.4's keyword API: `harness.caches.sglang_releases`)."""
         if release in self.releases:
             return True
-        return self.in_scheduler and known_release(release) and ships_mamba_radix_cache(release) and mamba_era(release) == "kwargs"
+        return self.in_scheduler and release in release_range(*MAMBA_ERAS["kwargs"])
 
     def tolerates(self, check: str, what: str) -> bool:
         """Whether `check` passes over one instance of this finding (`what` names it)."""

@@ -12,6 +12,7 @@ What changed from the params era (`Sglang059Cache`), read from the wheels:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -40,10 +41,15 @@ class Sglang0513Cache(Sglang059Cache):
             self.mamba_pool.copy_from(slots.mamba_cow_src_index, slots.mamba_pool_idx.unsqueeze(0))
             slots.mamba_cow_src_index = None
 
+    @functools.cached_property
+    def _finishing_takes_kv_len(self) -> bool:
+        """Whether the release's `cache_finished_req` takes `kv_len_to_handle` (0.5.16 on)."""
+        return "kv_len_to_handle" in inspect.signature(self.cache.cache_finished_req).parameters
+
     def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
         """`release_kv_cache(req, tree_cache, is_insert)`: from 0.5.16 with the request's
         committed KV length (`kv_len_to_handle`); then the request slot goes back."""
-        if "kv_len_to_handle" not in inspect.signature(self.cache.cache_finished_req).parameters:
+        if not self._finishing_takes_kv_len:
             super().cache_finished_req(req, is_insert=is_insert)
             return
         committed = self.slots_of(req).kv_committed_len

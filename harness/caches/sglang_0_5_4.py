@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any, Dict, Hashable, List, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -126,12 +126,30 @@ class Sglang054Cache(CacheUnderTest):
         protected = getattr(match, "cache_protected_len", None)
         self.slots_of(req).cache_protected_len = len(match.device_indices) if protected is None else protected
 
+    def req_slot_of(self, req: Any) -> Optional[int]:
+        slot = self.slots_of(req).req_pool_idx
+        return None if slot is None else int(slot)
+
+    def mamba_slot_of(self, req: Any) -> Optional[int]:
+        slot = self.slots_of(req).mamba_pool_idx
+        return None if slot is None else int(slot)
+
+    def give_mamba_slot(self, req: Any, slot: torch.Tensor) -> None:
+        self.slots_of(req).mamba_pool_idx = slot
+
+    def free_req_mamba(self, req: Any) -> None:
+        kv = self.slots_of(req)
+        self.mamba_slots.free(kv.mamba_pool_idx.unsqueeze(-1))
+        kv.mamba_pool_idx = None
+
     def write_row(self, req: Any, start: int, slots: torch.Tensor) -> None:
-        """The row is written and the request's KV allocated and committed up to its end, as the
-        scheduler's `prepare_for_extend` / `prepare_for_decode` record it (0.5.5.post1 on)."""
-        super().write_row(req, start, slots)
+        """`req_to_token[row, start:start + len(slots)] = slots` (`write_cache_indices` on extend,
+        `assign_req_to_token_pool` on decode), the request's KV then allocated and committed up to
+        the end of what was written, as `prepare_for_extend` / `prepare_for_decode` record it
+        (read from 0.5.5.post1 on)."""
         end = start + slots.shape[0]
         kv = self.slots_of(req)
+        self.req_pool.write((kv.req_pool_idx, slice(start, end)), slots.to(self.req_pool.req_to_token.dtype))
         kv.kv_allocated_len = max(kv.kv_allocated_len, end)
         kv.kv_committed_len = max(kv.kv_committed_len, end)
 

@@ -152,13 +152,6 @@ class SglangUnifiedCache(Sglang0520Cache):
     def forget_req_slot(self, req: Any) -> None:
         """`release_kv_cache` already gave the row back through the request."""
 
-    def req_slot_of(self, req: Any) -> Optional[int]:
-        return self.slots_of(req).req_pool_idx
-
-    def mamba_slot_of(self, req: Any) -> Optional[int]:
-        slot = self.slots_of(req).mamba_pool_idx
-        return None if slot is None else int(slot)
-
     def prefix_of(self, req: Any) -> List[int]:
         if req.last_node is None or not req.prefix_len:
             return []
@@ -236,25 +229,6 @@ class SglangUnifiedCache(Sglang0520Cache):
     def reset(self) -> None:
         super().reset()
         self._extra_locks.clear()
-
-    # ----- the pools' calls -------------------------------------------------------------------
-
-    def write_row(self, req: Any, start: int, slots: torch.Tensor) -> None:
-        """`write_cache_indices` (extend) or `assign_req_to_token_pool` (decode); the request's
-        KV is then allocated and committed up to the end of what was written."""
-        end = start + slots.shape[0]
-        kv = self.slots_of(req)
-        self.req_pool.write((kv.req_pool_idx, slice(start, end)), slots.to(self.req_pool.req_to_token.dtype))
-        kv.kv_allocated_len = max(kv.kv_allocated_len, end)
-        kv.kv_committed_len = max(kv.kv_committed_len, end)
-
-    def give_mamba_slot(self, req: Any, slot: torch.Tensor) -> None:
-        self.slots_of(req).mamba_pool_idx = slot
-
-    def free_req_mamba(self, req: Any) -> None:
-        kv = self.slots_of(req)
-        self.mamba_slots.free(kv.mamba_pool_idx.unsqueeze(-1))
-        kv.mamba_pool_idx = None
 
     # ----- reading the tree -------------------------------------------------------------------
 
