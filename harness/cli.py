@@ -2,10 +2,11 @@
 
   fuzz [--minutes M | --seconds S] [--device] [--impl] [--tree-core] [--protocol] [--profile]
        [--config NAME ...] [--seed N] [--db DIR|redis://host:port/n] [--report FILE]
-       [--engine hypothesis|random] [--workers N] [--fail-fast] [--trace-dir DIR]
-       [--set-aside FINDING|all ...]
+       [--engine hypothesis|random] [--workers N] [--fail-fast] [--fail-on-known] [--trace-dir DIR]
+       [--set-aside FINDING|all|TRACE.json|SIGNATURE ...]
   replay FILE [--impl impl|sglang|sglang-CORE|MODULE:CLASS] [--tree-core python|rust|parity]
-       [--protocol NAME] [--device cpu|cuda] [--verbose] [--to-pytest]
+       [--protocol NAME] [--device cpu|cuda] [--verbose] [--to-pytest | --to-script]
+       (default: on the cache, release, protocol and settings the trace was recorded on)
   releases TRACE [--from V] [--to V] [--json] [--jobs N]    (or --fuzz SECONDS instead of TRACE)
 
 Exit status: 0 when the fuzz found nothing / the trace replays with every check passing, 1 when
@@ -96,10 +97,32 @@ def replay_device(requested: Optional[str], recorded: str) -> str:
     return recorded
 
 
+def recorded_cache(trace: Trace, source: str) -> str:
+    """The `--impl` name of the cache a trace was recorded on, when that cache can run here (for
+    SGLang: the same release installed); UsageError naming what is missing otherwise."""
+    if not trace.impl.startswith("sglang"):
+        return trace.impl
+    from harness.caches.sglang_loader import sglang_unavailable, sglang_version
+
+    recorded = f"{trace.impl} (SGLang {trace.impl_version})"
+    reason = sglang_unavailable()
+    if reason:
+        raise UsageError(f"{source} was recorded on {recorded}, which cannot run here: {reason}; "
+                         f"or replay it on another cache with --impl")
+    if sglang_version() != trace.impl_version:
+        raise UsageError(f"{source} was recorded on {recorded}, but SGLang {sglang_version()} is installed: install "
+                         f"{trace.impl_version} to reproduce it, or replay it on {sglang_version()} with --impl {trace.impl}")
+    return trace.impl
+
+
 def run_replay(args, out: TextIO) -> int:
     trace = load_trace(args.file)
     try:
-        args.impl = impl_name(args.impl, args.tree_core)
+        where = ""
+        if args.impl is None and args.tree_core is None:
+            args.impl = recorded_cache(trace, args.file)
+            where = f" {trace.impl_version}, where it was recorded, with its settings (--impl names another cache),"
+        args.impl = impl_name(args.impl or "sglang", args.tree_core)
         factory = cache_factory(args.impl)
         if args.protocol is not None:
             protocol_class(args.protocol)
@@ -107,6 +130,12 @@ def run_replay(args, out: TextIO) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     protocol = replay_protocol(trace, factory, args.protocol)
+    if args.impl.startswith("sglang"):
+        from harness.caches.sglang_loader import development_note, sglang_version
+
+        note = development_note(sglang_version())
+        if note:
+            print(f"note: {note}", file=sys.stderr)
     if args.to_pytest:
         stem = "".join(c if c.isalnum() else "_" for c in os.path.basename(args.file).removesuffix(".json"))
         out.write(to_pytest(trace, f"replay_{stem}", protocol))
@@ -119,7 +148,7 @@ def run_replay(args, out: TextIO) -> int:
                 out.write(f"    {line}\n")
 
     out.write(
-        f"replaying {args.file}: {len(trace.operations)} operations against {args.impl} under the {protocol} "
+        f"replaying {args.file}: {len(trace.operations)} operations against {args.impl}{where} under the {protocol} "
         f"scheduler on {device}\n"
     )
     verdict = replay(trace, factory, device=device, protocol=protocol, on_step=show, source=args.file)
@@ -153,6 +182,7 @@ def run_fuzz(args, out: TextIO) -> int:
         engine=args.engine,
         workers=args.workers if args.workers is not None else (os.cpu_count() or 1),
         fail_fast=args.fail_fast,
+        fail_on_known=args.fail_on_known,
         set_aside=args.set_aside,
     )
     if args.device:
@@ -239,8 +269,9 @@ def build_parser() -> CommandParser:
     )
     sub = parser.add_subparsers(dest="command")
     fz = sub.add_parser("fuzz", help="fuzz a cache against the model for a time budget (the main job)",
-                        description="Fuzz a cache against the model. Exit 0: no failure; 1: failures (each with "
-                        "its trace); 2: unusable options.")
+                        description="Fuzz a cache against the model for the whole budget; each distinct failure is "
+                        "shrunk once and set aside. Exit 0: no new failure; 1: new failures (each with its trace; known "
+                        "findings too with --fail-on-known); 2: unusable options.")
     budget = fz.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=_budget, help="time budget in minutes (default 1)")
     budget.add_argument("--seconds", type=_budget, help="time budget in seconds")
@@ -258,14 +289,17 @@ def build_parser() -> CommandParser:
     fz.add_argument("--engine", default="hypothesis", choices=("hypothesis", "random"), help="the engine (default hypothesis)")
     fz.add_argument("--workers", type=int, default=None, help="processes sharing the database (default: one per core)")
     fz.add_argument("--fail-fast", action="store_true",
-                    help="stop at the first failure (else a failed configuration leaves the rotation and the others go on)")
+                    help="stop at the first failure that fails the run (else each distinct failure is set aside and the fuzz goes on)")
+    fz.add_argument("--fail-on-known", action="store_true",
+                    help="known findings of the release fail the run too (else only new failure signatures do)")
     fz.add_argument("--trace-dir", default=None, help="where failure traces go (default tests/regressions/pending)")
-    fz.add_argument("--set-aside", action="append", default=[], metavar="FINDING",
-                    help="a known finding of the release under test to set aside (repeatable; 'all': every one; see docs/findings.md)")
+    fz.add_argument("--set-aside", action="append", default=[], metavar="FINDING|TRACE.json|SIGNATURE",
+                    help="set aside a known finding of the release under test ('all': every one; docs/findings.md), the "
+                    "failure a trace file records, or a failure signature as a fuzz prints it ('check | what ...'); repeatable")
     fz.set_defaults(run=run_fuzz)
     rp = sub.add_parser("replay", help="replay a trace file with every check on")
     rp.add_argument("file")
-    rp.add_argument("--impl", default="impl", help=IMPL_HELP)
+    rp.add_argument("--impl", default=None, help=IMPL_HELP + "; default: the cache and release the trace was recorded on")
     rp.add_argument("--tree-core", default=None, choices=TREE_CORES, help=TREE_CORE_HELP)
     rp.add_argument("--protocol", default=None, help="scheduler protocol (default: the trace's on the cache that recorded it, else the cache's own)")
     rp.add_argument("--device", default=None, help="torch device (default: the trace's)")

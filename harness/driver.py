@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 from harness.caches import CacheFactory, ImplCache
 from harness.caches.base import storage_of
@@ -33,6 +33,7 @@ from harness.findings import SetAside
 from harness.operations import check_arguments
 from harness.pairing import PairedCaches
 from harness.protocols import protocol_class
+from harness.signature import INVARIANT, Signature, signature_of
 from reference import ReferenceCache
 from strategies.config import CacheConfig, SchedulerConfig
 
@@ -102,6 +103,8 @@ class Driver:
     ):
         self.config = config
         self.scheduler = scheduler
+        self.on_event = on_event
+        self._passed_over: Set[Tuple[str, str]] = set()  # (check, what) set aside so far in this program
         self.cut = cache_factory(config)
         self.set_aside = set_aside.for_release(self.cut.release)
         self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules)
@@ -113,7 +116,7 @@ class Driver:
             self.cut, self.model, on_event, check_meaning="meaning" in on, overwrite_handed="handed_tensors" in on
         )
         self.protocol_name = protocol or self.cut.default_protocol
-        self.protocol = protocol_class(self.protocol_name)(self.caches, config, scheduler, on_event, self.set_aside.tolerates)
+        self.protocol = protocol_class(self.protocol_name)(self.caches, config, scheduler, on_event, self.tolerate)
         self.operations: List[Dict[str, Any]] = []
         self.reclamation = NodeReclamation()
 
@@ -121,7 +124,28 @@ class Driver:
         """Record one operation of the vocabulary (`harness.operations`) and run it."""
         check_arguments(op, args)
         self.operations.append({"op": op, "args": dict(args)})
+        self.caches.calls = []
         self.protocol.apply(op, args)
+
+    def tolerate(self, check: str, what: str) -> bool:
+        """Whether a check passes over this kind of failure (`SetAside.tolerates`); the first time
+        in a program it does, the event `set aside: check | what` says so (a fuzz counts them)."""
+        if not self.set_aside.tolerates(check, what):
+            return False
+        if (check, what) not in self._passed_over:
+            self._passed_over.add((check, what))
+            self.on_event(f"set aside: {Signature(INVARIANT, check, what).key}")
+        return True
+
+    def signature(self, exc: BaseException) -> Signature:
+        """The signature of a failure of this program (`harness.signature`): a check run between
+        operations failed after the last one, and after the last call it made."""
+        step = None
+        if self.operations:
+            step = self.operations[-1]["op"]
+            if self.caches.calls:
+                step += f" (last call {self.caches.calls[-1]})"
+        return signature_of(exc, step)
 
     def check(self) -> None:
         """Every check (of `checks`), recomputed from the cache under test's state."""
@@ -141,7 +165,7 @@ class Driver:
             else:
                 tree_slots_meaning(snap, kv_data, states, self.caches.prefixes.__contains__, self.caches.name_digest)
             request_meaning(holdings, kv_data, states, self.caches.name_digest)
-        tolerate = self.set_aside.tolerates
+        tolerate = self.tolerate
         if "index_types" in on:
             pool_index_types(cut.req_pool)
             index_types(snap, cut.device, tolerate)

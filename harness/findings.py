@@ -1,4 +1,4 @@
-"""Known findings, and setting them aside while the fuzzer looks for others.
+"""Known findings, and setting failures aside while the fuzzer looks for others.
 
 A frequent finding would hide the rarer ones: every program would stop at it. Each known finding
 of a release says what identifies it (the check it fails and what the failure names) and how it
@@ -6,6 +6,11 @@ is set aside for that release: a check passes over that one instance (`tolerates
 that triggers it is not chosen (`avoids`), or the server settings that reach it are not drawn
 (`settings`). `docs/findings.md` writes each one up; `python -m harness fuzz --set-aside NAME`
 (or `--set-aside all`, every finding of the release under test) applies them.
+
+A failure not judged yet is set aside by its signature (`harness.signature`): `--set-aside
+TRACE.json` or `--set-aside 'check | what ...'`, and a fuzz sets aside each new signature it
+finds for the rest of the run. A check that can go on past a failure passes over an invariant's
+signature (`tolerates`); any other covered failure ends its program quietly (`covers`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from harness.caches.sglang_releases import MAMBA_ERAS, release_range
+from harness.caches.sglang_releases import MAMBA_ERAS, RELEASES, is_development, release_range
+from harness.checks import TOLERABLE_CHECKS
+from harness.signature import INVARIANT, Signature, parse_key
 from strategies.config import SchedulerConfig
 
 
@@ -32,18 +39,29 @@ class KnownFinding:
     in_scheduler = False
     # (check, what): the one instance a check passes over when the finding is set aside
     tolerated: Optional[Tuple[str, str]] = None
+    # for a finding no check tolerates: words its failures' signatures hold (`Signature.key`)
+    marks: Tuple[str, ...] = ()
 
     def meets(self, release: str) -> bool:
         """Whether a run on `release` can meet this finding: a release it affects, or, for a fault
         of 0.5.4's scheduler, any release that scheduler's transcription drives by default (the
-        releases with 0.5.4's keyword API: `harness.caches.sglang_releases`)."""
-        if release in self.releases:
+        releases with 0.5.4's keyword API: `harness.caches.sglang_releases`). A development
+        version meets the findings of the newest release (until a fuzz shows them fixed)."""
+        if release in self.releases or (is_development(release) and RELEASES[-1] in self.releases):
             return True
         return self.in_scheduler and release in release_range(*MAMBA_ERAS["kwargs"])
 
     def tolerates(self, check: str, what: str) -> bool:
         """Whether `check` passes over one instance of this finding (`what` names it)."""
         return self.tolerated == (check, what)
+
+    def matches(self, signature: Signature) -> bool:
+        """Whether a failure with `signature` is this finding: the instance it tolerates, or,
+        for a finding set aside otherwise, a failure of its check whose signature holds its
+        `marks`."""
+        if self.tolerated is not None:
+            return signature.kind == INVARIANT and self.tolerates(signature.check, signature.what)
+        return signature.check == self.check and all(mark in signature.key for mark in self.marks)
 
     def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
         """Whether the operation would trigger this finding and is not to be chosen."""
@@ -65,7 +83,7 @@ class MambaForkViewsFreeList(KnownFinding):
         "list alive (device memory growing with the tree)"
     )
     set_aside = "own_storage passes over a node's Mamba slot"
-    tolerated = ("own_storage", "Mamba slot")
+    tolerated = ("own_storage", "Mamba slot viewing a pool's free list")
 
 
 class FinishedMambaSlotInt32(KnownFinding):
@@ -77,7 +95,7 @@ class FinishedMambaSlotInt32(KnownFinding):
         "tree nodes hold int32 and int64 Mamba slots side by side"
     )
     set_aside = "index_types passes over a node's Mamba slot"
-    tolerated = ("index_types", "Mamba slot")
+    tolerated = ("index_types", "Mamba slot of dtype torch.int32")
 
 
 class DisaggChunkedMambaFreed(KnownFinding):
@@ -224,19 +242,36 @@ KNOWN_FINDINGS: Dict[str, KnownFinding] = {
 
 
 class SetAside:
-    """The known findings set aside in one run; a check, the chooser and the draws consult it."""
+    """The known findings and failure signatures set aside in one run; the checks, the chooser,
+    the draws and the engines consult it."""
 
-    def __init__(self, findings: Iterable[KnownFinding] = (), every_release: bool = False):
+    def __init__(self, findings: Iterable[KnownFinding] = (), every_release: bool = False,
+                 signatures: Iterable[Signature] = ()):
         self.findings: List[KnownFinding] = list(findings)
+        self.signatures: Dict[str, Signature] = {s.key: s for s in signatures}
         # set aside on whatever release runs, not only the ones each was found in (a trace
         # replayed across releases to learn which ones it fails on)
         self.every_release = every_release
 
     def __bool__(self) -> bool:
-        return bool(self.findings)
+        return bool(self.findings or self.signatures)
 
     def tolerates(self, check: str, what: str) -> bool:
-        return any(f.tolerates(check, what) for f in self.findings)
+        """Whether a check that can go on past a failure (`TOLERABLE_CHECKS`) passes over it."""
+        if any(f.tolerates(check, what) for f in self.findings):
+            return True
+        return check in TOLERABLE_CHECKS and Signature(INVARIANT, check, what).key in self.signatures
+
+    def covers(self, signature: Signature) -> bool:
+        """Whether a failure with `signature` is set aside: its program ends quietly."""
+        return signature.key in self.signatures or any(f.matches(signature) for f in self.findings)
+
+    def add_signature(self, signature: Signature) -> bool:
+        """Set a failure's signature aside; False when it already was."""
+        if signature.key in self.signatures:
+            return False
+        self.signatures[signature.key] = signature
+        return True
 
     def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
         return any(f.avoids(op, args, driver) for f in self.findings)
@@ -247,27 +282,48 @@ class SetAside:
         return scheduler
 
     def names(self) -> List[str]:
-        return [f.name for f in self.findings]
+        """What is set aside, as `--set-aside` takes it back: finding names, then signature keys."""
+        return [f.name for f in self.findings] + list(self.signatures)
 
     def for_release(self, release: str) -> "SetAside":
         """Only the findings of `release` (a trace from one release replayed on another cache
-        sets nothing aside there), unless they are set aside on every release."""
+        sets nothing aside there), unless they are set aside on every release; the signatures
+        stay (they were found on the cache under test)."""
         if self.every_release:
             return self
-        return SetAside(f for f in self.findings if f.meets(release))
+        return SetAside((f for f in self.findings if f.meets(release)), signatures=self.signatures.values())
+
+
+def matching_finding(signature: Signature, release: str) -> Optional[KnownFinding]:
+    """The known finding of `release` a failure's signature is, if any."""
+    return next((f for f in KNOWN_FINDINGS.values() if f.meets(release) and f.matches(signature)), None)
+
+
+def is_signature_text(name: str) -> bool:
+    return " | " in name
 
 
 def set_aside(names: Sequence[str], release: str) -> SetAside:
-    """The findings `names` name (`all`: every known finding of `release`); ValueError naming an
-    unknown one or one not found in `release`."""
-    if list(names) == ["all"]:
-        return SetAside(f for f in KNOWN_FINDINGS.values() if f.meets(release))
-    chosen = []
+    """What `--set-aside` names: known findings (`all`: every known finding of `release`) and
+    failure signatures (`check | what ...`, as a fuzz prints them; a trace file's is read by
+    `harness.trace.set_aside_names`). ValueError naming an unknown finding, one not found in
+    `release`, or a signature that does not parse."""
+    chosen: List[KnownFinding] = []
+    signatures: List[Signature] = []
     for name in names:
-        finding = KNOWN_FINDINGS.get(name)
-        if finding is None:
-            raise ValueError(f"--set-aside: unknown finding {name!r}; known: {sorted(KNOWN_FINDINGS)} or 'all'")
-        if not finding.meets(release):
-            raise ValueError(f"--set-aside {name}: affects {finding.releases[0]} .. {finding.releases[-1]}, not the release under test ({release})")
-        chosen.append(finding)
-    return SetAside(chosen)
+        if name == "all":
+            chosen += [f for f in KNOWN_FINDINGS.values() if f.meets(release) and f not in chosen]
+        elif is_signature_text(name):
+            signatures.append(parse_key(name))
+        else:
+            finding = KNOWN_FINDINGS.get(name)
+            if finding is None:
+                raise ValueError(
+                    f"--set-aside: unknown finding {name!r}; known: {sorted(KNOWN_FINDINGS)}, 'all', a trace file "
+                    f"(.json) or a failure signature ('check | what ...')"
+                )
+            if not finding.meets(release):
+                raise ValueError(f"--set-aside {name}: affects {finding.releases[0]} .. {finding.releases[-1]}, not the release under test ({release})")
+            chosen.append(finding)
+    return SetAside(chosen, signatures=signatures)
+

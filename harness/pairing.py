@@ -15,6 +15,7 @@ first checks that the state it resumes from was computed for the request's own p
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
@@ -28,6 +29,28 @@ from harness.checks.violation import InvariantViolation
 from reference import ROOT, ModelMambaExhausted, ModelReq, ReferenceCache
 
 RECENT_NODES = 8
+
+
+def sglang_call(name: str) -> Callable:
+    """Marks a `PairedCaches` method as one call the scheduler makes on the cache or a pool,
+    named as SGLang's scheduler spells it (`tree_cache.match_prefix`): the call is logged in
+    `PairedCaches.calls`, and an exception leaving it names it (`exc.sglang_call`, the
+    innermost call's name: `harness.signature`)."""
+
+    def mark(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self: "PairedCaches", *args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                if getattr(exc, "sglang_call", None) is None:
+                    exc.sglang_call = name
+                raise
+
+        return call
+
+    return mark
 
 
 class Divergence(AssertionError):
@@ -47,6 +70,7 @@ class ReleaseRaised(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(f"{kind}: {message}")
         self.kind = kind
+        self.message = message
 
 
 class SchedulerOverload(AssertionError):
@@ -105,6 +129,7 @@ class PairedCaches:
         self.overwrite_handed = overwrite_handed
         self.prefixes: Dict[int, Tuple[Hashable, Tuple[int, ...]]] = {}  # digest -> the prefix it is of
         self.recent_nodes: List[weakref.ref] = []  # the last nodes matches returned, held weakly
+        self.calls: List[str] = []  # the calls made since the driver's last operation began (`sglang_call`)
 
     def _overwrite(self, *handed: torch.Tensor) -> None:
         """The caller is done with tensors it handed the cache: it reuses them (-1 everywhere)."""
@@ -219,7 +244,12 @@ class PairedCaches:
     # ----- what the scheduler reads -----------------------------------------------------------
 
     def read(self, what: str, cut_value: int, model_value: int) -> int:
-        self.agree(f"{what}()", "the value the scheduler read", cut_value, model_value)
+        self.calls.append(what)
+        try:
+            self.agree(f"{what}()", "the value the scheduler read", cut_value, model_value)
+        except Divergence as exc:
+            exc.sglang_call = what
+            raise
         return cut_value
 
     def kv_available(self) -> int:
@@ -237,6 +267,7 @@ class PairedCaches:
 
     # ----- the cache's calls ------------------------------------------------------------------
 
+    @sglang_call("tree_cache.match_prefix")
     def match_prefix(self, request: Request, tokens: Sequence[int], **kwargs: Any) -> int:
         """`tree_cache.match_prefix(key=RadixKey(tokens, request.extra_key), **kwargs)`, its answer
         recorded on `request` as the scheduler records it; returns the matched length. With `req=`
@@ -277,26 +308,32 @@ class PairedCaches:
                     "meaning",
                     f"{call}: matched KV slot {slot} (position {position}) holds {self.name_digest(data[slot])}, "
                     f"not that of {list(tokens[: position + 1])}",
+                    "matched KV slot",
                 )
 
+    @sglang_call("tree_cache.inc_lock_ref")
     def inc_lock_ref(self, req: Request) -> None:
         self.cut.lock_req(req.cut)
         self.model.inc_lock(req.model.last)
 
+    @sglang_call("tree_cache.dec_lock_ref")
     def dec_lock_ref(self, req: Request) -> None:
         self.cut.unlock_req(req.cut)
         self.model.dec_lock(req.model.last)
 
+    @sglang_call("tree_cache.evict")
     def evict(self, num_tokens: int) -> None:
         self.cut.evict(num_tokens)
         self.model.evict(num_tokens)
         self.flush_events()
 
+    @sglang_call("tree_cache.evict_mamba")
     def evict_mamba(self, num: int) -> None:
         self.cut.evict_mamba(num)
         self.model.evict_mamba(num)
         self.flush_events()
 
+    @sglang_call("tree_cache.cache_unfinished_req")
     def cache_unfinished_req(self, req: Request, **kwargs: Any) -> None:
         call = f"cache_unfinished_req(req {req.rid}, {_describe(kwargs)})"
         self._both(call, lambda: self.cut.cache_unfinished_req(req.cut, **kwargs), lambda: self.model.cache_unfinished_req(req.model))
@@ -304,6 +341,7 @@ class PairedCaches:
         self.same_node(call, "the request's last node after caching", self.cut.last_node_of(req.cut), req.model.last)
         req.prefix_len = len(req.model.prefix)
 
+    @sglang_call("tree_cache.cache_finished_req")
     def cache_finished_req(self, req: Request, **kwargs: Any) -> None:
         """The request's tokens go into the tree (unless `is_insert=False`), its lock is
         released and, where the release frees it here, its request slot."""
@@ -315,12 +353,14 @@ class PairedCaches:
         )
         req.released = True
 
+    @sglang_call("tree_cache.reset")
     def reset(self) -> None:
         self.cut.reset()
         self.model.reset()
 
     # ----- the pools' calls -------------------------------------------------------------------
 
+    @sglang_call("token_to_kv_pool_allocator.alloc")
     def kv_alloc(self, n: int) -> Optional[List[int]]:
         return self._handed_out(f"token_to_kv_pool_allocator.alloc({n})", self.cut.kv_alloc(n), self.model.kv_alloc(n))
 
@@ -332,18 +372,22 @@ class PairedCaches:
             self.agree(call, "dtype of the slots", got.dtype, torch.int64)
         return got_list
 
+    @sglang_call("token_to_kv_pool_allocator.free_group_begin")
     def free_group_begin(self) -> None:
         self.cut.free_group_begin()
         self.model.free_group_begin()
 
+    @sglang_call("token_to_kv_pool_allocator.free_group_end")
     def free_group_end(self) -> None:
         self.cut.free_group_end()
         self.model.free_group_end()
 
+    @sglang_call("token_to_kv_pool_allocator.clear")
     def kv_clear(self) -> None:
         self.cut.kv_clear()
         self.model.kv_clear()
 
+    @sglang_call("req_to_token_pool.alloc")
     def req_alloc(self, reqs: Sequence[Request]) -> Optional[List[int]]:
         """The request pool's `alloc(len(reqs), reqs)`: a request slot each, and a Mamba slot
         for each request without one. Each slot's row is overwritten, as its new occupant will
@@ -360,6 +404,7 @@ class PairedCaches:
                 self._overwrite(*self.cut.row_views(r.model.req_slot))
         return got
 
+    @sglang_call("req_to_token_pool.free")
     def req_free(self, req: Request, **kwargs: Any) -> None:
         """The request pool's `free(req.req_pool_idx, **kwargs)`."""
         self.cut.req_free(req.cut, **kwargs)
@@ -370,6 +415,7 @@ class PairedCaches:
         self.cut.give_mamba_slot(req.cut, self.cut.indices([slot])[0])
         req.model.mamba_slot = slot
 
+    @sglang_call("mamba_pool.free")
     def mamba_free(self, req: Request) -> None:
         """The Mamba pool's `free(req.mamba_pool_idx.unsqueeze(-1))`; the request lets go of it."""
         self.cut.free_req_mamba(req.cut)
@@ -377,10 +423,12 @@ class PairedCaches:
         req.model.mamba_slot = None
         req.state_len = None
 
+    @sglang_call("req_to_token_pool.clear")
     def req_pool_clear(self) -> None:
         self.cut.req_pool_clear()
         self.model.req_pool_clear()
 
+    @sglang_call("req_to_token_pool.write")
     def write_row(self, req: Request, start: int, slots: Sequence[int]) -> None:
         """`req_to_token[req's slot, start:start + len(slots)] = slots`."""
         if slots:
@@ -388,6 +436,7 @@ class PairedCaches:
             for offset, slot in enumerate(slots):
                 req.model.row[start + offset] = slot
 
+    @sglang_call("tree_cache.sanity_check")
     def sanity_check(self) -> None:
         """The cache's own self-check (the model has none: its structure is its rules)."""
         self.cut.sanity_check()
@@ -406,8 +455,10 @@ class PairedCaches:
                 "meaning",
                 f"{call}: request {req.rid}'s Mamba slot {slot} {when} holds {self.name_digest(got)}, "
                 f"not that of its {req.state_len}-token prefix {list(req.tokens()[: req.state_len])}",
+                f"request's Mamba state {when}",
             )
 
+    @sglang_call("forward pass")
     def forward(self, req: Request, start: int, end: int) -> None:
         """Compute positions start..end-1 of the request: their KV slots (already in its row)
         get the digests of their prefixes, its Mamba state that of tokens()[:end]. A state
@@ -420,6 +471,7 @@ class PairedCaches:
                     "meaning",
                     f"forward pass of request {req.rid}: it resumes after {start} tokens, but its Mamba state "
                     f"was computed for {req.state_len} tokens",
+                    "resumed state's length",
                 )
             self.check_state(f"forward pass of request {req.rid}", req, "before resuming")
         if end <= start:
@@ -432,6 +484,7 @@ class PairedCaches:
 
     # ----- a direct user of the cache's API ---------------------------------------------------
 
+    @sglang_call("tree_cache.match_prefix")
     def match(self, tokens: Sequence[int], extra_key: Optional[str]) -> Tuple[Any, Any]:
         """A plain `match_prefix(key)` (no request, no copy-on-write); returns the cache's last
         node and the model's path for it."""
@@ -443,14 +496,17 @@ class PairedCaches:
         self.remember(match.last_device_node)
         return match.last_device_node, last
 
+    @sglang_call("tree_cache.inc_lock_ref")
     def lock_node(self, node: Any, path) -> None:
         self.cut.inc_lock_ref(node)
         self.model.inc_lock(path)
 
+    @sglang_call("tree_cache.dec_lock_ref")
     def unlock_node(self, node: Any, path) -> None:
         self.cut.dec_lock_ref(node)
         self.model.dec_lock(path)
 
+    @sglang_call("tree_cache.insert")
     def insert(self, tokens: Sequence[int], extra_key: Optional[str], kv: List[int], mamba: int) -> Tuple[int, bool]:
         """A direct `insert(key, kv, mamba)` of slots the caller allocated and computed; the
         caller's index tensors are overwritten once the call returns (a tree that kept them
@@ -464,6 +520,7 @@ class PairedCaches:
         self.agree(call, "(prefix_len, mamba_exist)", tuple(got), want)
         return want
 
+    @sglang_call("token_to_kv_pool_allocator.free")
     def free_kv_slots(self, slots: Sequence[int]) -> None:
         """A caller returns KV slots it owns; its index tensor is overwritten afterwards."""
         if slots:
@@ -472,12 +529,14 @@ class PairedCaches:
             self._overwrite(index)
             self.model.free_kv(list(slots))
 
+    @sglang_call("mamba_pool.free")
     def free_mamba_slot(self, slot: int) -> None:
         index = self.cut.indices([slot])
         self.cut.mamba_free(index)
         self._overwrite(index)
         self.model.free_mamba([slot])
 
+    @sglang_call("mamba_pool.alloc")
     def mamba_alloc(self, n: int) -> Optional[List[int]]:
         return self._handed_out(f"mamba_pool.alloc({n})", self.cut.mamba_alloc(n), self.model.mamba_alloc(n))
 

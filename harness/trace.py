@@ -15,16 +15,16 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
 from harness.caches import CacheFactory, ImplCache, cache_class, cache_name, cache_release
-from harness.checks import InvariantViolation
 from harness.driver import Driver, paused_gc
-from harness.findings import KNOWN_FINDINGS, SetAside
+from harness.findings import KNOWN_FINDINGS, SetAside, is_signature_text
 from harness.operations import OperationError, check_arguments
-from harness.pairing import Divergence, ReleaseRaised
 from harness.protocols import PROTOCOLS
+from harness.signature import Signature, check_of, parse_key, signature_of
 from strategies.config import CacheConfig, SchedulerConfig
 
 SCHEMA = "mamba-radix-cache-trace"
-VERSION = 2
+VERSION = 3
+READS = (2, 3)  # version 3 added the failure's signature and signature keys in set_aside
 _TOP_FIELDS = {
     "schema", "version", "config", "scheduler", "protocol", "set_aside", "impl", "impl_version", "scenario",
     "operations", "failure", "known_failure",
@@ -47,6 +47,13 @@ class Failure:
     check: str
     message: str
     step: int  # index into operations; -1 before the first operation
+    signature: Optional[Signature] = None  # what identifies the failure (`harness.signature`)
+
+    def to_json(self) -> Dict[str, Any]:
+        doc = {"check": self.check, "message": self.message, "step": self.step}
+        if self.signature is not None:
+            doc["signature"] = self.signature.to_json()
+        return doc
 
 
 @dataclass
@@ -55,7 +62,7 @@ class Trace:
     operations: List[Dict[str, Any]]
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     protocol: str = "contract"
-    set_aside: List[str] = field(default_factory=list)  # known findings the checks passed over
+    set_aside: List[str] = field(default_factory=list)  # known findings and signature keys set aside
     impl: str = "impl"
     impl_version: str = ""
     scenario: Optional[str] = None
@@ -75,7 +82,7 @@ class Trace:
             "impl_version": self.impl_version,
             "scenario": self.scenario,
             "operations": self.operations,
-            "failure": None if self.failure is None else asdict(self.failure),
+            "failure": None if self.failure is None else self.failure.to_json(),
             "known_failure": self.known_failure,
         }
         return json.dumps(doc, sort_keys=True, indent=1) + "\n"
@@ -85,18 +92,6 @@ class Trace:
         digest = hashlib.sha256(json.dumps(self.operations, sort_keys=True).encode()).hexdigest()[:12]
         check = self.failure.check if self.failure else "passing"
         return f"{check}-{len(self.operations)}ops-{digest}.json"
-
-
-def classify(exc: BaseException) -> str:
-    """The check a failure belongs to: an invariant's name, `model_agreement`, the exception type
-    the release's scheduler raises, or the error type the cache raised."""
-    if isinstance(exc, InvariantViolation):
-        return exc.check
-    if isinstance(exc, Divergence):
-        return "model_agreement"
-    if isinstance(exc, ReleaseRaised):
-        return exc.kind
-    return type(exc).__name__
 
 
 def _require(source: str, cond: bool, message: str, step: Optional[int] = None, field_name: Optional[str] = None):
@@ -122,7 +117,7 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
     _require(source, version <= VERSION, f"version {version} is newer than this harness reads ({VERSION}); upgrade the harness", field_name="version")
     _require(
         source,
-        version == VERSION,
+        version in READS,
         f"version {version} traces hold direct cache calls from before the scheduler protocols; record the failure again",
         field_name="version",
     )
@@ -135,10 +130,16 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
     aside = doc.get("set_aside", [])
     _require(
         source,
-        isinstance(aside, list) and all(name in KNOWN_FINDINGS for name in aside),
-        f"expected a list of known findings {sorted(KNOWN_FINDINGS)}, got {aside!r}",
+        isinstance(aside, list) and all(isinstance(n, str) and (n in KNOWN_FINDINGS or is_signature_text(n)) for n in aside),
+        f"expected a list of known findings {sorted(KNOWN_FINDINGS)} and failure signatures, got {aside!r}",
         field_name="set_aside",
     )
+    for name in aside:
+        if is_signature_text(name):
+            try:
+                parse_key(name)
+            except ValueError as exc:
+                raise TraceError(source, str(exc), field_name="set_aside") from None
     operations = doc.get("operations")
     _require(source, isinstance(operations, list), f"expected a list, got {operations!r}", field_name="operations")
     for step, entry in enumerate(operations):
@@ -149,7 +150,18 @@ def parse_trace(doc: Any, source: str = "<trace>") -> Trace:
             raise TraceError(source, exc.detail, step, exc.field) from None
     failure = doc.get("failure")
     if failure is not None:
-        _require(source, isinstance(failure, dict) and set(failure) == {"check", "message", "step"}, f"expected check, message, step; got {failure!r}", field_name="failure")
+        _require(
+            source,
+            isinstance(failure, dict) and {"check", "message", "step"} <= set(failure) <= {"check", "message", "step", "signature"},
+            f"expected check, message, step (and a signature); got {failure!r}",
+            field_name="failure",
+        )
+        failure = dict(failure)
+        if "signature" in failure:
+            try:
+                failure["signature"] = Signature.from_json(failure["signature"])
+            except (TypeError, ValueError) as exc:
+                raise TraceError(source, str(exc), field_name="failure") from None
         failure = Failure(**failure)
     known = doc.get("known_failure")
     _require(source, known is None or isinstance(known, str), f"expected null or a reason, got {known!r}", field_name="known_failure")
@@ -216,7 +228,7 @@ def failure_trace(driver: Driver, exc: BaseException, scenario: Optional[str] = 
         impl=driver.cut.name,
         impl_version=driver.cut.release,
         scenario=scenario,
-        failure=Failure(classify(exc), str(exc), len(driver.operations) - 1),
+        failure=Failure(check_of(exc), str(exc), len(driver.operations) - 1, driver.signature(exc)),
     )
 
 
@@ -242,7 +254,33 @@ def judge(trace: Trace, verdict: Verdict, impl: Optional[str] = None, version: O
     recorded = trace.failure.check if trace.failure else None
     if recorded is not None and verdict.failure.check != recorded:
         return f"fails with {verdict.failure.check}, but the known failure recorded {recorded}"
+    recorded_signature = trace.failure.signature if trace.failure else None
+    if recorded_signature is not None and verdict.failure.signature is not None and not recorded_signature.same_as(verdict.failure.signature):
+        return f"fails as {verdict.failure.signature.key}, but the known failure recorded {recorded_signature.key}"
     return None
+
+
+def recorded_set_aside(trace: Trace) -> SetAside:
+    """What the run that recorded `trace` had set aside: its known findings and signatures."""
+    return SetAside(
+        (KNOWN_FINDINGS[n] for n in trace.set_aside if not is_signature_text(n)),
+        signatures=(parse_key(n) for n in trace.set_aside if is_signature_text(n)),
+    )
+
+
+def set_aside_names(names: List[str]) -> List[str]:
+    """`--set-aside` arguments with each trace file (`.json`) replaced by the key of the failure
+    signature it records; TraceError for an unreadable trace, ValueError for one that records no
+    signature."""
+    keys = []
+    for name in names:
+        if name.endswith(".json") and not is_signature_text(name):
+            trace = load_trace(name)
+            if trace.failure is None or trace.failure.signature is None:
+                raise ValueError(f"--set-aside {name}: the trace records no failure signature (it passed, or was written before signatures)")
+            name = trace.failure.signature.key
+        keys.append(name)
+    return keys
 
 
 def replay_protocol(trace: Trace, cache_factory: CacheFactory, protocol: Optional[str] = None) -> str:
@@ -274,10 +312,10 @@ def replay(
     trace, reported as `TraceError` naming the step, not as a failure of the cache.
     """
     config = trace.config if device is None else replace(trace.config, device=device)
-    step = -1
+    step, driver = -1, None
     with paused_gc():
         try:
-            aside = SetAside(KNOWN_FINDINGS[name] for name in trace.set_aside) if set_aside is None else set_aside
+            aside = recorded_set_aside(trace) if set_aside is None else set_aside
             driver = Driver(config, trace.scheduler, cache_factory, replay_protocol(trace, cache_factory, protocol), set_aside=aside)
             driver.check()
             for step, entry in enumerate(trace.operations):
@@ -288,5 +326,6 @@ def replay(
         except OperationError as exc:
             raise TraceError(source, exc.detail, step, exc.field) from None
         except Exception as exc:
-            return Verdict(step + 1, Failure(classify(exc), str(exc), step), exc)
+            signature = driver.signature(exc) if driver is not None else signature_of(exc)
+            return Verdict(step + 1, Failure(check_of(exc), str(exc), step, signature), exc)
     return Verdict(len(trace.operations))

@@ -57,7 +57,7 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
         (["fuzz", "--workers", "0"], "--workers must be at least 1, got 0"),
         (["fuzz", "--tree-core", "rust"], "--tree-core applies to --impl sglang only, not to 'impl'"),
         (["fuzz", "--impl", "sglang", "--tree-core", "c++"], "argument --tree-core: invalid choice: 'c++'"),
-        (["replay", TRACE, "--tree-core", "parity"], "--tree-core applies to --impl sglang only, not to 'impl'"),
+        (["replay", TRACE, "--impl", "impl", "--tree-core", "parity"], "--tree-core applies to --impl sglang only, not to 'impl'"),
     ],
 )
 def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):
@@ -162,7 +162,7 @@ def test_a_signal_stops_the_fuzz_with_its_summary_and_report(tmp_path, signum, t
     name = signal.Signals(signum).name
     assert proc.returncode == status, out + err
     assert err == "", err
-    assert "0 failure(s)" in out and f"stopped early by {name}" in out
+    assert "0 distinct failure(s)" in out and f"stopped early by {name}" in out
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["interrupted"] == name and report["steps"] > 0 and report["failures"] == []
     if shutil.which("pgrep"):

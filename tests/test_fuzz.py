@@ -60,7 +60,10 @@ def test_a_planted_bug_exits_1_with_a_trace_that_replays_to_the_same_failure(eng
     trace = load_trace(failure["trace"])
     verdict = replay_trace(trace, functools.partial(ImplCache, cache_class=SplitOffByOne))
     assert verdict.failure.check == trace.failure.check
-    assert replay(failure["trace"]).returncode == 0
+    assert verdict.failure.signature.key == trace.failure.signature.key == failure["key"]
+    by_default = replay(failure["trace"])  # where it was recorded: the planted bug
+    assert by_default.returncode == 1 and "broken_impls:SplitOffByOne" in by_default.stdout.splitlines()[0]
+    assert replay(failure["trace"], "--impl", "impl").returncode == 0
 
 
 def free_port() -> int:
@@ -105,17 +108,45 @@ def test_a_failure_found_by_one_process_is_replayed_first_by_another(redis_url, 
     assert json.loads((tmp_path / "b.json").read_text())["first_failure_programs"] == 1
 
 
-def test_without_fail_fast_a_failed_configuration_leaves_the_rotation(tmp_path):
-    """The run ends once every configuration has failed, each reported once per worker, well
-    before the budget (the database would make every later round of it fail the same way)."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_without_fail_fast_each_distinct_failure_is_one_bucket_and_the_fuzz_runs_its_whole_budget(workers, tmp_path):
+    """Every configuration keeps being fuzzed: a failure's signature is set aside once its first
+    program is shrunk, and later programs that meet it only count in its bucket; with two
+    workers, one of them claims each signature."""
     report = tmp_path / "report.json"
-    result = fuzz("--seconds", "120", "--engine", "random", "--workers", "1", "--seed", "3",
+    result = fuzz("--seconds", "20", "--engine", "random", "--workers", str(workers), "--seed", "3",
                   "--impl", "broken_impls:SplitOffByOne", "--config", "tiny", "--config", "medium",
                   "--report", str(report), "--trace-dir", str(tmp_path / "traces"), "--profile", "ci")
     assert result.returncode == 1, result.stdout + result.stderr
     data = json.loads(report.read_text())
-    assert sorted(f["config"] for f in data["failures"]) == ["medium", "tiny"]
-    assert data["elapsed_seconds"] < 120
+    assert data["elapsed_seconds"] >= 19
+    keys = [b["key"] for b in data["buckets"]]
+    assert len(keys) >= 2 and len(set(keys)) == len(keys)
+    assert data["failures"] == data["buckets"]  # an impl's failures are all new
+    assert sum(b["count"] for b in data["buckets"]) > len(keys)  # later programs met them, set aside
+    for bucket in data["buckets"]:
+        assert bucket["known"] is None and bucket["config"] in ("tiny", "medium")
+        trace = load_trace(bucket["trace"])
+        assert trace.failure.signature.key == bucket["key"]
+        verdict = replay_trace(trace, functools.partial(ImplCache, cache_class=SplitOffByOne))
+        assert verdict.failure.signature.key == bucket["key"]
+    for key in keys:
+        assert key in result.stdout
+
+
+def test_a_trace_or_a_signature_given_to_set_aside_keeps_that_failure_out_of_the_next_run(tmp_path):
+    first = tmp_path / "first.json"
+    common = ("--engine", "random", "--workers", "1", "--impl", "broken_impls:SplitOffByOne", "--config", "tiny",
+              "--profile", "ci", "--trace-dir", str(tmp_path / "traces"))
+    fuzz("--seconds", "6", "--seed", "3", "--report", str(first), *common)
+    buckets = json.loads(first.read_text())["buckets"]
+    assert len(buckets) >= 2
+    aside = ["--set-aside", buckets[0]["trace"], "--set-aside", buckets[1]["key"]]
+    second = tmp_path / "second.json"
+    result = fuzz("--seconds", "6", "--seed", "3", "--report", str(second), *aside, *common)
+    data = json.loads(second.read_text())
+    assert {buckets[0]["key"], buckets[1]["key"]} <= set(data["set_aside"]), result.stdout + result.stderr
+    assert not {b["key"] for b in data["buckets"]} & {buckets[0]["key"], buckets[1]["key"]}
 
 
 @pytest.mark.parametrize(
@@ -124,6 +155,8 @@ def test_without_fail_fast_a_failed_configuration_leaves_the_rotation(tmp_path):
         (["--set-aside", "no-such-finding"], "--set-aside: unknown finding 'no-such-finding'"),
         (["--set-aside", "retract-passes-is-insert"], "--set-aside retract-passes-is-insert: affects 0.5.3.post2 .. 0.5.4.post2, not the release under test"),
         (["--protocol", "sglang-9.9"], "--protocol must be one of"),
+        (["--set-aside", "own_storage | Mamba slot | x"], "not a failure signature: 'own_storage | Mamba slot | x'"),
+        (["--set-aside", "no-such-trace.json"], "--set-aside: no-such-trace.json: cannot read"),
     ],
 )
 def test_unusable_set_aside_and_protocol_are_refused_with_exit_2(args, message):

@@ -56,7 +56,10 @@ def test_a_found_bug_becomes_a_trace_that_replays_the_same_failure(found):
     assert "FAILED at step" in broken.stdout
     assert "cache" in broken.stdout and "model" in broken.stdout
 
-    fixed = run_cli("replay", str(files[0]))
+    recorded = run_cli("replay", str(files[0]))  # by default: where it was recorded
+    assert recorded.returncode == 1 and "where it was recorded" in recorded.stdout, recorded.stdout + recorded.stderr
+
+    fixed = run_cli("replay", str(files[0]), "--impl", "impl")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     assert "OK: all" in fixed.stdout
 
@@ -106,7 +109,7 @@ def doc(**changes):
     [
         ([], r"expected a JSON object, got list"),
         (doc(schema="other"), r"field 'schema': expected 'mamba-radix-cache-trace'"),
-        (doc(version=99), r"field 'version': version 99 is newer than this harness reads \(2\)"),
+        (doc(version=99), r"field 'version': version 99 is newer than this harness reads \(3\)"),
         (doc(version=1), r"field 'version': version 1 traces hold direct cache calls from before the scheduler protocols"),
         (doc(config={"kv_size": 0, "mamba_size": 2, "req_size": 1}), r"field 'config': CacheConfig.kv_size must be a positive int, got 0"),
         (doc(scheduler={"schedule_policy": "lifo"}), r"field 'scheduler': SchedulerConfig.schedule_policy must be one of"),
@@ -118,6 +121,9 @@ def doc(**changes):
         (doc(operations=[{"op": "evict", "args": {"num_tokens": 1, "x": 2}}]), r"step 0: field 'args.x': evict takes no argument 'x'"),
         (doc(surprise=1), r"field 'surprise': unknown field"),
         (doc(known_failure=3), r"field 'known_failure': expected null or a reason"),
+        (doc(set_aside=["own_storage | x | y"]), r"field 'set_aside': not a failure signature: 'own_storage \| x \| y'"),
+        (doc(failure={"check": "sizes", "message": "m", "step": 0, "signature": {"kind": "odd", "check": "c", "what": "w"}}),
+         r"field 'failure': signature kind must be invariant, divergence or exception, got 'odd'"),
     ],
 )
 def test_malformed_traces_get_one_clear_error(document, message):

@@ -51,7 +51,7 @@ def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir
     from harness.engines.hypothesis_engine import machine_for, noted_trace_path
     from harness.engines.shrink import shrink_saved
     from harness.fuzz.rounds import NO_SHRINK
-    from harness.trace import classify
+    from harness.signature import check_of
     from strategies import SCENARIOS
 
     machine = machine_for(SCENARIOS[config], ImplCache, device, stats.record, trace_dir=trace_dir, checks=checks)
@@ -63,8 +63,8 @@ def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir
         with contextlib.redirect_stdout(io.StringIO()):
             run_state_machine_as_test(machine, settings=budget)
     except Exception as exc:
-        check = classify(exc)
-        return check, shrink_saved(noted_trace_path(exc), ImplCache, check, trace_dir)
+        check = check_of(exc)
+        return check, shrink_saved(noted_trace_path(exc), ImplCache, trace_dir)
     return None
 
 

@@ -22,7 +22,7 @@ from typing import Callable, List, Optional
 
 from impl import MambaRadixCache
 from harness.caches.base import CacheUnderTest
-from harness.caches.impl import ImplCache
+from harness.caches.impl import ImplCache, class_impl_name
 from strategies.config import CacheConfig
 
 CacheFactory = Callable[[CacheConfig], CacheUnderTest]
@@ -131,6 +131,8 @@ def cache_name(factory: CacheFactory) -> str:
     """The name a factory's caches go by (`impl`, `sglang`, `sglang-rust`), without building one."""
     if isinstance(factory, functools.partial) and "tree_core" in factory.keywords:
         return f"sglang-{factory.keywords['tree_core']}"
+    if isinstance(factory, functools.partial) and "cache_class" in factory.keywords:
+        return class_impl_name(factory.keywords["cache_class"])
     return cache_class(factory).name
 
 

@@ -17,6 +17,11 @@ CONV_SHAPE = (8,)
 TEMPORAL_SHAPE = (2, 4)
 
 
+def class_impl_name(cache_class: type) -> str:
+    """The `--impl MODULE:CLASS` name of a subclass of impl's cache."""
+    return f"{cache_class.__module__}:{cache_class.__qualname__}"
+
+
 class ImplCache(CacheUnderTest):
     """`impl.MambaRadixCache` with `impl`'s pools, checking mode on."""
 
@@ -29,6 +34,8 @@ class ImplCache(CacheUnderTest):
 
     def __init__(self, config: CacheConfig, cache_class: Callable[..., Any] = impl.MambaRadixCache):
         self.config = config
+        if cache_class is not impl.MambaRadixCache:
+            self.name = class_impl_name(cache_class)  # a trace of it replays on it by default
         self.kv = impl.TokenToKVPoolAllocator(config.kv_size, device=config.device, debug=True)
         self.req_pool = impl.HybridReqToTokenPool(
             size=config.req_size,

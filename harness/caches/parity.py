@@ -58,7 +58,9 @@ class ParityCache(CacheUnderTest):
 
     def _differ(self, call: str, what: str, py_value: Any, rs_value: Any) -> None:
         raise InvariantViolation(
-            "core_parity", f"{call}: {what} differs between the tree cores: Python gave {py_value!r}, Rust {rs_value!r}"
+            "core_parity",
+            f"{call}: {what} differs between the tree cores: Python gave {py_value!r}, Rust {rs_value!r}",
+            f"{call.split('(')[0]}: {what}",
         )
 
     def _both(self, call: str, method: str, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:

@@ -29,7 +29,8 @@ import time
 import types
 from typing import Any, Dict, Optional
 
-from harness.caches.sglang_releases import RELEASES, known_release, mamba_era, serves_unified, ships_mamba_radix_cache
+from harness.caches.sglang_api import check_api
+from harness.caches.sglang_releases import RELEASES, is_development, known_release, mamba_era, serves_unified, ships_mamba_radix_cache
 
 INSTALL_HINT = "scripts/install-sglang.sh 0.5.4|0.5.20|0.5.23, or any release through the release store (see README, 'Checking SGLang')"
 CUDA_ONLY_PACKAGES = ("torchvision", "sgl_kernel")
@@ -130,10 +131,10 @@ def load_sglang() -> types.SimpleNamespace:
     try:
         sglang = importlib.import_module("sglang")
         version = getattr(sglang, "__version__", "unknown")
-        if not known_release(version):
+        if not (known_release(version) or is_development(version)):
             raise SglangUnavailable(
-                f"SGLang {version} is installed, but the harness drives {RELEASES[0]} .. {RELEASES[-1]}; "
-                f"install one with: {INSTALL_HINT}"
+                f"SGLang {version} is installed, but the harness drives {RELEASES[0]} .. {RELEASES[-1]} and newer "
+                f"development versions; install one with: {INSTALL_HINT}"
             )
         pool_mod = importlib.import_module("sglang.srt.mem_cache.memory_pool")
         alloc_mod = importlib.import_module("sglang.srt.mem_cache.allocator")  # a package from 0.5.13
@@ -156,6 +157,10 @@ def load_sglang() -> types.SimpleNamespace:
             _load_parameter_api(sgl)  # the keyword era (0.5.4's API) calls none of it
         if serves_unified(version):
             _load_unified_cache(sgl)
+        if is_development(version):
+            moved = check_api(version, RELEASES[-1])
+            if moved:
+                raise SglangUnavailable(moved)
     except SglangUnavailable:
         raise
     except ImportError as exc:
@@ -252,6 +257,14 @@ def sglang_unavailable() -> str:
 def sglang_version() -> str:
     """The installed SGLang's version, or raise `SglangUnavailable`."""
     return load_sglang().version
+
+
+def development_note(version: str) -> str:
+    """One line saying how a development version is driven ('' for a release)."""
+    if not is_development(version):
+        return ""
+    return (f"SGLang {version} is a development version: driven by the adapter, scheduler protocol and rules of "
+            f"{RELEASES[-1]}, the newest release the harness knows (its API checked against {RELEASES[-1]}'s calls)")
 
 
 def tiny_mamba_params(sgl: types.SimpleNamespace) -> Any:

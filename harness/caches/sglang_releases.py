@@ -106,12 +106,24 @@ def _v(version: str) -> Version:
 
 
 def _within(version: str, first: str, last: str) -> bool:
-    return _v(first) <= _v(version) <= _v(last)
+    """Whether `version` is from `first` to `last`; a range up to the newest release takes in the
+    versions after it (a development version is treated as the newest release)."""
+    return _v(first) <= _v(version) and (last == RELEASES[-1] or _v(version) <= _v(last))
 
 
 def known_release(version: str) -> bool:
     """Whether `version` is one of `RELEASES`."""
     return version in RELEASES
+
+
+def is_development(version: str) -> bool:
+    """Whether `version` is newer than every release the harness knows: a checkout's development
+    version (`0.5.24.dev0`) or a release newer than `RELEASES`. The newest release's adapter,
+    protocol and rules drive it (`harness.caches.sglang_api` checks its API first)."""
+    try:
+        return _v(version) > _v(RELEASES[-1])
+    except ValueError:
+        return False
 
 
 def release_range(first: str, last: str) -> Tuple[str, ...]:

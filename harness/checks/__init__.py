@@ -31,8 +31,14 @@ NEEDS_READABLE_NODES = frozenset(
     + ["index_types", "own_storage", "node_reclaimed"]
 )
 
+# the checks that can go on past a failure: they report one kind of instance (`what`) at a time and
+# ask `tolerate(check, what)` first, so a program goes on past a failure set aside. Every other
+# failure ends the program where it happens (`harness.signature`).
+TOLERABLE_CHECKS = frozenset(["own_storage", "index_types", "node_reclaimed"])
+
 __all__ = [
     "NEEDS_READABLE_NODES",
+    "TOLERABLE_CHECKS",
     "OUTSIDE_CHECKS",
     "STRUCTURAL_CHECKS",
     "InvariantViolation",

@@ -43,12 +43,14 @@ def tree_meaning(snap: Snapshot, kv_data: List[int], states: List[Optional[int]]
             offset, slot = wrong
             fail(
                 "meaning",
+                "node's KV slot",
                 f"node {show_path(path)}: KV slot {slot} (position {start + offset}) holds {name(kv_data[slot])}, "
                 f"not that of {list(tokens[: start + offset + 1])}",
             )
         if node.mamba is not None and states[node.mamba] != known[path]:
             fail(
                 "meaning",
+                "node's Mamba state",
                 f"node {show_path(path)}: Mamba slot {node.mamba} holds {name(states[node.mamba])}, not that of its "
                 f"path {list(tokens)}: a request resuming here would continue from another prefix",
             )
@@ -63,6 +65,7 @@ def request_meaning(requests: List[RequestHoldings], kv_data: List[int], states:
             position, slot = wrong
             fail(
                 "meaning",
+                "request's KV slot",
                 f"request {r.rid}: its row's KV slot {slot} (position {position}) holds {name(kv_data[slot])}, "
                 f"not that of its tokens {list(r.tokens[: position + 1])}",
             )
@@ -71,6 +74,7 @@ def request_meaning(requests: List[RequestHoldings], kv_data: List[int], states:
             if states[r.mamba] != want:
                 fail(
                     "meaning",
+                    "request's Mamba state",
                     f"request {r.rid}: its Mamba slot {r.mamba} holds {name(states[r.mamba])}, not that of its "
                     f"{r.state_len} processed tokens {list(r.tokens[: r.state_len])}",
                 )
@@ -83,7 +87,7 @@ def tree_slots_meaning(snap: Snapshot, kv_data: List[int], states: List[Optional
     tree_kv, tree_mamba = snap.tree_slots()
     for slot in tree_kv:
         if not computed(kv_data[slot]):
-            fail("meaning", f"the tree holds KV slot {slot}, which holds {name(kv_data[slot])}")
+            fail("meaning", "tree KV slot", f"the tree holds KV slot {slot}, which holds {name(kv_data[slot])}")
     for slot in tree_mamba:
         if not computed(states[slot]):
-            fail("meaning", f"the tree holds Mamba slot {slot}, which holds {name(states[slot])}")
+            fail("meaning", "tree Mamba state", f"the tree holds Mamba slot {slot}, which holds {name(states[slot])}")

@@ -58,13 +58,13 @@ def _explain_ownership(pool: str, universe: range, owners: Dict[str, List[int]])
     for owner, slots in owners.items():
         for s in slots:
             if s in seen:
-                fail("pool_conservation", f"{pool} slot {s} is owned by both {seen[s]} and {owner}")
+                fail("pool_conservation", f"{pool} slot owned twice", f"{pool} slot {s} is owned by both {seen[s]} and {owner}")
             seen[s] = owner
     stray = sorted(set(seen) - set(universe))
     if stray:
-        fail("pool_conservation", f"{pool} slot(s) {stray} are outside the pool (owners: {[seen[s] for s in stray]})")
+        fail("pool_conservation", f"{pool} slot outside the pool", f"{pool} slot(s) {stray} are outside the pool (owners: {[seen[s] for s in stray]})")
     lost = sorted(set(universe) - set(seen))
-    fail("pool_conservation", f"{pool} slot(s) {lost} are leaked: not free, not in the tree, not held by a request")
+    fail("pool_conservation", f"{pool} slot leaked", f"{pool} slot(s) {lost} are leaked: not free, not in the tree, not held by a request")
 
 
 def pool_conservation(snap: Snapshot, model: ReferenceCache, requests: List[RequestHoldings]) -> None:
@@ -81,7 +81,7 @@ def pool_conservation(snap: Snapshot, model: ReferenceCache, requests: List[Requ
         ("request", snap.req_free, model.req_free),
     ):
         if got != want:
-            fail("pool_conservation", f"{pool} free list is {got}, the model says {want}")
+            fail("pool_conservation", f"{pool} free list order", f"{pool} free list is {got}, the model says {want}")
 
 
 class NodeReclamation:
@@ -105,11 +105,12 @@ class NodeReclamation:
             if node is None:
                 continue
             holders = _holders(node, self._seen)
-            what = "node links" if _root_of(node) is root else "a reset tree's links"
-            if tolerate("node_reclaimed", what) and all(h in NODE_LINKS for h in holders):
+            what = _kept_by(holders, _root_of(node) is root)
+            if tolerate("node_reclaimed", what):
                 continue
             fail(
                 "node_reclaimed",
+                what,
                 f"a node that left the tree ({_describe(node)}) is still alive, referred to by "
                 f"{sorted(set(holders)) or 'nothing but a reference cycle'}: reference counting does not free it",
             )
@@ -122,6 +123,17 @@ class NodeReclamation:
 NODE_LINKS = {f"TreeNode.{field}" for field in ("prev", "next", "mamba_prev", "mamba_next", "parent", "children")} | {
     f"UnifiedTreeNode.{field}" for field in ("lru_prev", "lru_next", "parent", "children")
 }
+
+
+def _kept_by(holders: List[str], under_root: bool) -> str:
+    """What keeps a removed node alive, as a failure's `what`: "node links" (only other nodes'
+    links, for a node taken out of the live tree), "a reset tree's links" (the same, for a node of
+    a tree a reset dropped), "a reference cycle" (nothing names it), or the holders' names."""
+    if not holders:
+        return "a reference cycle"
+    if all(h in NODE_LINKS for h in holders):
+        return "node links" if under_root else "a reset tree's links"
+    return "held by " + ", ".join(sorted(set(holders) - NODE_LINKS))
 
 
 def _root_of(node: object) -> object:

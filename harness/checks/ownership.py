@@ -27,15 +27,19 @@ def pool_index_types(req_pool: Any) -> None:
     for name, dtype in POOL_INDEX_DTYPES.items():
         got = getattr(req_pool, name).dtype
         if got != dtype:
-            fail("index_types", f"{name} holds {got}, not {dtype} (SGLang's dtype)")
+            fail("index_types", f"{name} of dtype {got}", f"{name} holds {got}, not {dtype} (SGLang's dtype)")
 
 
 def index_types(snap: Snapshot, device: torch.device, tolerate: Tolerate = never) -> None:
     """Every tree tensor is int64 on the pools' device."""
     for view in snap.tensors:
-        if (view.dtype != torch.int64 or view.device != device) and not tolerate("index_types", view.field):
+        if view.dtype == torch.int64 and view.device == device:
+            continue
+        what = f"{view.field} of dtype {view.dtype}" if view.dtype != torch.int64 else f"{view.field} on another device"
+        if not tolerate("index_types", what):
             fail(
                 "index_types",
+                what,
                 f"node {show_path(view.path)}: the tensor of its {view.field} is {view.dtype} on {view.device}, "
                 f"not torch.int64 on {device}",
             )
@@ -47,9 +51,11 @@ def own_storage(snap: Snapshot, free_lists: Iterable[int], rows: int, tolerate: 
     foreign[rows] = "the request-to-token rows"
     for view in snap.tensors:
         owner = foreign.get(view.storage)
-        if owner is not None and not tolerate("own_storage", view.field):
+        what = f"{view.field} viewing {owner}"
+        if owner is not None and not tolerate("own_storage", what):
             fail(
                 "own_storage",
+                what,
                 f"node {show_path(view.path)}: the tensor of its {view.field} is a view of {owner}, memory the tree "
                 f"does not own (it keeps that whole tensor alive, and whoever owns it may rewrite it)",
             )

@@ -19,37 +19,48 @@ def trees_equal(snap: Snapshot, model: ReferenceCache) -> None:
     model_nodes = {p: (r.kv, r.mamba, r.kv_lock, r.mamba_lock) for p, r in model.nodes.items()}
     if cut_nodes == model_nodes:
         return
-    lines = []
+    lines, kinds = [], []
     for p in sorted(set(cut_nodes) | set(model_nodes), key=lambda q: (str(q[0]), q[1])):
         got, want = cut_nodes.get(p), model_nodes.get(p)
         if got != want:
             lines.append(f"  node {show_path(p)}: cache (kv, mamba, kv_lock, mamba_lock)={got}, model={want}")
-    fail("trees_equal", "the cache's tree and the model's differ:\n" + "\n".join(lines))
+            kinds.append(_difference(got, want))
+    fail("trees_equal", kinds[0], "the cache's tree and the model's differ:\n" + "\n".join(lines))
+
+
+def _difference(got, want) -> str:
+    """What differs first about one node, in words without its numbers."""
+    if got is None:
+        return "node missing from the cache"
+    if want is None:
+        return "node the model lacks"
+    fields = ("KV slots", "Mamba slot", "KV lock", "Mamba lock")
+    return "node's " + next(name for name, a, b in zip(fields, got, want) if a != b)
 
 
 def lock_rules(snap: Snapshot, model: ReferenceCache) -> None:
     """A KV-locked node's parent is KV-locked; Mamba lock <= KV lock; tombstones have no Mamba
     lock; no count is negative; the root stays locked once for each."""
     if snap.root_locks != (1, 1):
-        fail("lock_rules", f"root lock counts are {snap.root_locks}, expected (1, 1)")
+        fail("lock_rules", "root lock counts", f"root lock counts are {snap.root_locks}, expected (1, 1)")
     for p, v in snap.nodes.items():
         if v.kv_lock < 0 or v.mamba_lock < 0:
-            fail("lock_rules", f"node {show_path(p)} has negative locks {v.kv_lock}/{v.mamba_lock}")
+            fail("lock_rules", "negative lock count", f"node {show_path(p)} has negative locks {v.kv_lock}/{v.mamba_lock}")
         if v.mamba_lock > v.kv_lock:
-            fail("lock_rules", f"node {show_path(p)} has Mamba lock {v.mamba_lock} > KV lock {v.kv_lock}")
+            fail("lock_rules", "Mamba lock above KV lock", f"node {show_path(p)} has Mamba lock {v.mamba_lock} > KV lock {v.kv_lock}")
         if v.mamba is None and v.mamba_lock:
-            fail("lock_rules", f"tombstone {show_path(p)} has Mamba lock {v.mamba_lock}")
+            fail("lock_rules", "Mamba-locked tombstone", f"tombstone {show_path(p)} has Mamba lock {v.mamba_lock}")
         if v.kv_lock > 0 and v.parent is not None and snap.nodes[v.parent].kv_lock == 0:
-            fail("lock_rules", f"node {show_path(p)} is KV-locked but its parent {show_path(v.parent)} is not")
+            fail("lock_rules", "KV-locked node under an unlocked parent", f"node {show_path(p)} is KV-locked but its parent {show_path(v.parent)} is not")
 
 
 def lru_lists(snap: Snapshot, model: ReferenceCache) -> None:
     """The full list holds every node once, the Mamba list every holder once, both in the
     model's recency order, with prev/next links consistent both ways."""
     if not snap.full_links_ok:
-        fail("lru_lists", "full LRU list prev/next links or tick order are inconsistent")
+        fail("lru_lists", "full LRU links", "full LRU list prev/next links or tick order are inconsistent")
     if not snap.mamba_links_ok:
-        fail("lru_lists", "Mamba LRU list prev/next links or tick order are inconsistent")
+        fail("lru_lists", "Mamba LRU links", "Mamba LRU list prev/next links or tick order are inconsistent")
     for name, listed, want in (
         ("full", snap.full_lru, model.full_order()),
         ("Mamba", snap.mamba_lru, model.mamba_order()),
@@ -62,13 +73,14 @@ def _explain_lru(name: str, listed: List[Path], want: List[Path], snap: Snapshot
     members = set(snap.nodes) if name == "full" else {p for p, v in snap.nodes.items() if v.mamba is not None}
     twice = [show_path(p) for p, n in Counter(listed).items() if n > 1]
     if twice:
-        fail("lru_lists", f"{name} LRU list holds {twice} more than once")
+        fail("lru_lists", f"{name} LRU member listed twice", f"{name} LRU list holds {twice} more than once")
     if set(listed) != members:
         missing = [show_path(p) for p in members - set(listed)]
         extra = [show_path(p) for p in set(listed) - members]
-        fail("lru_lists", f"{name} LRU list is missing {missing} and wrongly holds {extra}")
+        fail("lru_lists", f"{name} LRU members", f"{name} LRU list is missing {missing} and wrongly holds {extra}")
     fail(
         "lru_lists",
+        f"{name} LRU order",
         f"{name} LRU order (most recent first) is {[show_path(p) for p in listed]}, "
         f"model says {[show_path(p) for p in want]}",
     )
@@ -82,7 +94,7 @@ def sizes(snap: Snapshot, model: ReferenceCache) -> None:
         tree_kv, tree_mamba = snap.tree_slots()
         held = (snap.sizes[0] + snap.sizes[1], snap.sizes[2] + snap.sizes[3])
         if held != (len(tree_kv), len(tree_mamba)):
-            fail("sizes", f"counters {names} are {snap.sizes}, but the tree holds {len(tree_kv)} KV and {len(tree_mamba)} Mamba slots")
+            fail("sizes", "counters against the slots the tree holds", f"counters {names} are {snap.sizes}, but the tree holds {len(tree_kv)} KV and {len(tree_mamba)} Mamba slots")
     else:
         nodes = snap.nodes.values()
         recomputed = (
@@ -92,9 +104,9 @@ def sizes(snap: Snapshot, model: ReferenceCache) -> None:
             sum(1 for v in nodes if v.mamba is not None and v.mamba_lock > 0),
         )
         if snap.sizes != recomputed:
-            fail("sizes", f"counters {names} are {snap.sizes}, the tree sums to {recomputed}")
+            fail("sizes", "counters against the tree", f"counters {names} are {snap.sizes}, the tree sums to {recomputed}")
     if snap.sizes != model.sizes():
-        fail("sizes", f"counters {names} are {snap.sizes}, the model says {model.sizes()}")
+        fail("sizes", "counters against the model", f"counters {names} are {snap.sizes}, the model says {model.sizes()}")
 
 
 def no_tombstone_leaf(snap: Snapshot, model: ReferenceCache) -> None:
@@ -104,7 +116,7 @@ def no_tombstone_leaf(snap: Snapshot, model: ReferenceCache) -> None:
         return
     for p, v in snap.nodes.items():
         if v.children == 0 and v.mamba is None:
-            fail("no_tombstone_leaf", f"leaf {show_path(p)} is a tombstone")
+            fail("no_tombstone_leaf", "tombstone leaf", f"leaf {show_path(p)} is a tombstone")
 
 
 STRUCTURAL_CHECKS: Tuple[Callable[[Snapshot, ReferenceCache], None], ...] = (

@@ -4,6 +4,9 @@
 then the operation draws its own arguments with labels, so a shrunk failure prints as a readable
 program. After every step, every check runs. The cyclic collector is paused for the machine's
 life (the memory check needs it), and the program's trace is written on the final, shrunk run.
+A failure whose signature is set aside (`SetAside.covers`) ends the program quietly: the event
+`set aside: KEY`, and the steps left do nothing. A failure raised carries its signature
+(`harness_signature`).
 
 `machine_for(scenario)` builds the machine class for one configuration; `cache_factory` points
 it at another cache under test (a planted bug, SGLang), `protocol` at another scheduler.
@@ -82,6 +85,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.driver: Optional[Driver] = None
         self.chooser = OperationChooser(self.scenario)
         self.failed = False
+        self.ended = False  # a failure set aside ended the program
         self._gc_was_enabled = pause_gc()
 
     @initialize(data=st.data())
@@ -94,6 +98,8 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def step(self, data):
+        if self.ended:
+            return
         op, args = self.chooser.next(self.driver, HypothesisDraws(data))
         self.event_sink(f"operation: {op}")
         self._capturing(lambda: self.driver.apply(op, **args))
@@ -103,6 +109,12 @@ class CacheMachine(RuleBasedStateMachine):
         try:
             action()
         except Exception as exc:
+            signature = self.driver.signature(exc)
+            if self.driver.set_aside.covers(signature):
+                self.ended = True
+                self.event_sink(f"set aside: {signature.key}")
+                return
+            exc.harness_signature = signature
             self.failed = True
             self.event_sink("program failed")
             if current_build_context().is_final:
@@ -117,12 +129,12 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_check_holds(self):
-        if self.driver is not None:
+        if self.driver is not None and not self.ended:
             self._capturing(self.driver.check)
 
     def teardown(self):
         try:
-            if self.driver is not None and not self.failed:
+            if self.driver is not None and not (self.failed or self.ended):
                 self._capturing(self.driver.check)
         finally:
             self.driver = None

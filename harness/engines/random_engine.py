@@ -1,6 +1,7 @@
 """The random engine: seeded random programs, the same operations and checks as the Hypothesis
 engine without its per-step overhead. A failing program is shrunk by delta debugging over its
-operations (`harness.engines.shrink`) and saved as a trace."""
+operations (`harness.engines.shrink`) and saved as a trace. A failure whose signature is set
+aside (`SetAside.covers`) ends its program quietly, with the event `set aside: KEY`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from harness.driver import CHECKS, Driver, paused_gc
 from harness.findings import SetAside
 from harness.program import OperationChooser
 from harness.engines.shrink import shrink_operations
+from harness.signature import Signature
 from harness.trace import Trace, failure_trace, save_trace
 from strategies import Scenario
 from strategies.draws import RandomDraws
@@ -20,9 +22,9 @@ from strategies.draws import RandomDraws
 class ProgramFailed(Exception):
     """A random program failed; `trace` is its shrunk trace, saved at `path`."""
 
-    def __init__(self, check: str, message: str, trace: Trace, path: str):
+    def __init__(self, check: str, message: str, trace: Trace, path: str, signature: Signature):
         super().__init__(f"[{check}] {message}")
-        self.check, self.message, self.trace, self.path = check, message, trace, path
+        self.check, self.message, self.trace, self.path, self.signature = check, message, trace, path, signature
 
 
 def random_program(
@@ -37,10 +39,12 @@ def random_program(
     set_aside: SetAside = SetAside(),
     checks: frozenset = CHECKS,
     shrink: bool = True,
+    claim: Callable[[Signature], bool] = lambda signature: True,
 ) -> None:
     """One seeded random program of `steps` operations, every check after each. Raises
     `ProgramFailed` (its failure shrunk, unless told not to, and saved as a trace) when a step
-    or check fails."""
+    or check fails in a way `set_aside` does not cover and `claim` (asked before shrinking: a
+    fuzz's other processes may have found it first) takes."""
     draws = RandomDraws(random.Random(rng.getrandbits(64)))
     config = draws.config(scenario, device)
     scheduler = set_aside.settings(draws.scheduler(scenario, config))
@@ -59,11 +63,16 @@ def random_program(
             failed = failure_trace(driver, exc, scenario.name)
         else:
             return
+    signature = failed.failure.signature
+    if driver.set_aside.covers(signature):
+        on_event(f"set aside: {signature.key}")
+        return
+    if not claim(signature):
+        return
     on_event("program failed")
-    check = failed.failure.check
-    shrunk = shrink_operations(failed, cache_factory, check, driver.protocol_name) if shrink else failed
+    shrunk = shrink_operations(failed, cache_factory, driver.protocol_name) if shrink else failed
     path = save_trace(shrunk, trace_dir)
-    raise ProgramFailed(check, failed.failure.message, shrunk, path)
+    raise ProgramFailed(failed.failure.check, failed.failure.message, shrunk, path, signature)
 
 
 __all__ = ["ProgramFailed", "random_program"]

@@ -13,19 +13,29 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
 from harness.caches import CacheFactory
-from harness.trace import Trace, TraceError, load_trace, replay, save_trace
+from harness.trace import Failure, Trace, TraceError, load_trace, replay, save_trace
 
 
-def shrink_operations(trace: Trace, cache_factory: CacheFactory, check: str, protocol: Optional[str] = None) -> Trace:
+def same_failure(failure: Failure, other: Optional[Failure]) -> bool:
+    """Whether `other` is the same failure as `failure`: the same signature
+    (`harness.signature`), or for a failure recorded without one, the same check."""
+    if other is None:
+        return False
+    if failure.signature is not None and other.signature is not None:
+        return failure.signature.same_as(other.signature)
+    return failure.check == other.check
+
+
+def shrink_operations(trace: Trace, cache_factory: CacheFactory, protocol: Optional[str] = None) -> Trace:
     """Delta debugging (ddmin over complements) of a failing trace's operations, keeping only
-    reductions that still fail with the same check."""
+    reductions that still fail the same way (`same_failure`)."""
 
     def fails(ops: List[Dict[str, Any]]) -> bool:
         try:
             verdict = replay(replace(trace, operations=ops), cache_factory, protocol=protocol)
         except TraceError:
             return False
-        return not verdict.ok and verdict.failure.check == check
+        return same_failure(trace.failure, verdict.failure)
 
     ops = list(trace.operations)
     chunks = 2
@@ -45,7 +55,7 @@ def shrink_operations(trace: Trace, cache_factory: CacheFactory, check: str, pro
     return replace(trace, operations=ops, failure=verdict.failure)
 
 
-def shrink_saved(path: str, cache_factory: CacheFactory, check: str, trace_dir: str) -> Optional[str]:
+def shrink_saved(path: str, cache_factory: CacheFactory, trace_dir: str) -> Optional[str]:
     """Shrink the failing trace saved at `path` and save the result in its place; returns the
     new path, or None when the trace is gone: another worker that failed the same way (the same
     operations, so the same file name) is shrinking it, and reports it."""
@@ -55,7 +65,7 @@ def shrink_saved(path: str, cache_factory: CacheFactory, check: str, trace_dir: 
         if os.path.exists(path):
             raise
         return None
-    shrunk = save_trace(shrink_operations(trace, cache_factory, check), trace_dir)
+    shrunk = save_trace(shrink_operations(trace, cache_factory), trace_dir)
     if os.path.abspath(shrunk) != os.path.abspath(path):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

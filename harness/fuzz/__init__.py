@@ -5,9 +5,12 @@ Two engines share the operation chooser (`harness.program`) and every check:
               with an example database (a directory, or `redis://host:port/n` shared by runners);
   random      seeded random programs (`harness.engines.random_engine`) without Hypothesis'
               per-step overhead; a failing program is shrunk by delta debugging.
-Failures become trace files; a configuration that failed leaves the rotation (its next rounds
-would find the same failure again) and the run goes on with the others until the budget ends,
-or every configuration has failed, unless `fail_fast`. `workers` processes share the database (`harness.fuzz.workers`).
+Each distinct failure (`harness.signature`) becomes a bucket with one shrunk trace and is set aside
+for the rest of the run, in every process (`harness.fuzz.buckets`): every configuration goes on
+being fuzzed until the budget ends (or, with `fail_fast`, the first failure that fails the run).
+New signatures fail the run; known findings (`harness.findings`) only with `fail_on_known`.
+`workers` processes share the database and the signatures found (`harness.fuzz.workers`).
+The report's format is docs/fuzz-report.md.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Dict, TextIO
 import impl
 from harness.caches import cache_class, cache_factory, cache_release
 from harness.findings import KNOWN_FINDINGS
+from harness.fuzz.buckets import summarize
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.report import build_report, write_report
 from harness.fuzz.rounds import run_single
@@ -37,6 +41,12 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         f"fuzz: {options.engine} engine, {options.impl} under the {protocol} scheduler against the model on "
         f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
     )
+    if options.impl.startswith("sglang"):
+        from harness.caches.sglang_loader import development_note, sglang_version
+
+        note = development_note(sglang_version())
+        if note:
+            out.write(f"fuzz: {note}\n")
     ctx = multiprocessing.get_context("spawn")
     with stop_on_signals(StopRequest(ctx.Event() if options.workers > 1 else threading.Event())) as stop:
         reports = run_workers(options, out, stop) if options.workers > 1 else [run_single(options, out, stop=stop)]
@@ -51,14 +61,16 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         write_report(options.report, report)
     stopped = f", stopped early by {stop.signal_name}" if stop.signal_name else ""
     out.write(
-        f"fuzz: {report['programs']} programs, {report['steps']} steps ({report['steps_per_second']}/s), "
-        f"{len(report['failures'])} failure(s), peak memory {report['peak_rss_mib']} MiB{stopped}\n"
+        f"fuzz: {report['programs']} programs, {report['steps']} steps ({report['steps_per_second']}/s) in "
+        f"{report['elapsed_seconds']:.0f}s, {len(report['buckets'])} distinct failure(s), {len(report['failures'])} failing "
+        f"the run, peak memory {report['peak_rss_mib']} MiB{stopped}\n"
     )
-    known = [f.name for f in KNOWN_FINDINGS.values() if cache_release(factory) in f.releases]
-    if report["failures"] and known and not options.set_aside:
+    summarize(report["buckets"], options.fail_on_known, out)
+    known = [f.name for f in KNOWN_FINDINGS.values() if f.meets(cache_release(factory))]
+    if any(b["known"] for b in report["buckets"]) and not options.set_aside:
         out.write(
             f"fuzz: this release has {len(known)} known findings (docs/findings.md); "
-            f"--set-aside all looks past them for others\n"
+            f"--set-aside all keeps programs away from them from the start\n"
         )
     return report
 

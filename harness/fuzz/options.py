@@ -14,6 +14,7 @@ from harness.outputs import check_output_dir, check_output_file
 from harness.findings import SetAside, set_aside
 from harness.engines.hypothesis_engine import PENDING_DIR
 from harness.profiles import PROFILES
+from harness.trace import TraceError, set_aside_names
 from harness.protocols import protocol_class
 from strategies import SCENARIOS
 
@@ -33,13 +34,18 @@ class FuzzOptions:
     report: Optional[str] = None
     engine: str = "hypothesis"
     workers: int = 1
-    fail_fast: bool = False
+    fail_fast: bool = False  # stop at the first failure that fails the run
+    fail_on_known: bool = False  # known findings fail the run too (else only new signatures do)
     trace_dir: str = field(default_factory=lambda: os.environ.get("HARNESS_TRACE_DIR") or PENDING_DIR)
-    set_aside: List[str] = field(default_factory=list)  # known findings to set aside (`all`: every one of the release)
+    # known findings (`all`: every one of the release), failure signatures and trace files to set aside
+    set_aside: List[str] = field(default_factory=list)
 
     def known_findings(self) -> SetAside:
-        """The known findings this run sets aside (names checked against the release under test)."""
-        return set_aside(self.set_aside, cache_release(cache_factory(self.impl))) if self.set_aside else SetAside()
+        """What this run sets aside from the start (names checked against the release under test,
+        trace files read for their failure's signature); a fresh object each call."""
+        if not self.set_aside:
+            return SetAside()
+        return set_aside(set_aside_names(self.set_aside), cache_release(cache_factory(self.impl)))
 
     def check(self) -> None:
         """Raise ValueError naming the first unusable option."""
@@ -55,7 +61,10 @@ class FuzzOptions:
         if self.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
         cache_factory(self.impl)
-        self.known_findings()
+        try:
+            self.known_findings()
+        except TraceError as exc:
+            raise ValueError(f"--set-aside: {exc}") from None
         if self.protocol is not None:
             protocol_class(self.protocol)
         check_device(self.device)

@@ -17,7 +17,7 @@ class Stats:
         self.labels: Counter = Counter()
         self.programs = 0
         self.steps = 0
-        self.failures: List[Dict[str, Any]] = []
+        self.failures: List[Any] = []  # the buckets this process found (`harness.fuzz.buckets`)
         self.first_failure_programs: Optional[int] = None
         self.started = time.monotonic()
         self.first_failure_seconds: Optional[float] = None  # from `started` to the first failing program

@@ -10,6 +10,7 @@ from typing import Any, Dict, List
 import hypothesis
 import torch
 
+from harness.fuzz.buckets import failing, merge_buckets
 from harness.fuzz.options import FuzzOptions
 
 
@@ -18,8 +19,11 @@ def build_report(options: FuzzOptions, reports: List[Dict[str, Any]], versions: 
     elapsed = max(r["elapsed_seconds"] for r in reports)
     steps = sum(r["steps"] for r in reports)
     reach: Counter = Counter()
+    set_aside_counts: Counter = Counter()
     for r in reports:
         reach.update(r["reach"])
+        set_aside_counts.update(r["set_aside_counts"])
+    buckets = merge_buckets([r["buckets"] for r in reports], set_aside_counts)
     firsts = [r for r in reports if r["first_failure_programs"] is not None]
     return {
         "engine": options.engine,
@@ -35,7 +39,12 @@ def build_report(options: FuzzOptions, reports: List[Dict[str, Any]], versions: 
         "programs": sum(r["programs"] for r in reports),
         "steps": steps,
         "steps_per_second": round(steps / elapsed, 1) if elapsed > 0 else 0.0,
-        "failures": [f for r in reports for f in r["failures"]],
+        "fail_on_known": options.fail_on_known,
+        # every distinct failure, and those that fail the run (new ones, or all with fail_on_known)
+        "buckets": buckets,
+        "failures": failing(buckets, options.fail_on_known),
+        # programs that ended on (or passed over) a failure set aside, by signature or finding
+        "set_aside_counts": dict(sorted(set_aside_counts.items())),
         "first_failure_programs": min((r["first_failure_programs"] for r in firsts), default=None),
         "first_failure_seconds": min((round(r["first_failure_seconds"], 2) for r in firsts), default=None),
         "reach": dict(sorted(reach.items())),

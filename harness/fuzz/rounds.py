@@ -1,10 +1,12 @@
-"""One fuzz process: rounds of the chosen engine, rotating through the configurations, until the
-budget is spent. Failures become trace files; the run goes on unless `fail_fast`."""
+"""One fuzz process: rounds of the chosen engine, rotating through every configuration, until the
+budget is spent. Each distinct failure becomes a bucket with a shrunk trace, and is set aside for
+the rest of the run (`harness.fuzz.buckets`); the run goes on unless `fail_fast`."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import random
 import resource
 import time
@@ -13,15 +15,16 @@ from typing import Any, Dict, Optional, TextIO
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from harness.caches import cache_factory
+from harness.caches import cache_factory, cache_release
 from harness.engines.hypothesis_engine import machine_for, noted_trace_path
 from harness.engines.random_engine import ProgramFailed, random_program
 from harness.engines.shrink import shrink_saved
+from harness.fuzz.buckets import SET_ASIDE_EVENT, Bucket, Buckets, Claims, announce
 from harness.fuzz.database import open_database
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.progress import Progress, Stats
 from harness.profiles import register_profiles
-from harness.trace import classify
+from harness.signature import check_of
 from strategies import SCENARIOS
 
 ROUND_EXAMPLES = 5  # small rounds: the budget is checked between rounds
@@ -30,18 +33,34 @@ ROUND_EXAMPLES = 5  # small rounds: the budget is checked between rounds
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 
-def record_failure(stats: Stats, config_name: str, check: str, message: str, path: Optional[str], out: TextIO) -> None:
-    message = message.removeprefix(f"[{check}] ")
-    stats.failures.append({"config": config_name, "check": check, "message": message, "trace": path,
-                           "replay": f"python -m harness replay {path}" if path else None})
-    out.write(f"\nfuzz: FAILURE in {config_name}: [{check}] {message.splitlines()[0]}\n")
-    if path:
-        out.write(f"fuzz: trace {path}\nfuzz: replay with: python -m harness replay {path}\n")
+class Round:
+    """What one round needs besides its configuration: this process's buckets, the claims of
+    every process, and the set-aside the engines consult (it grows as buckets are found)."""
+
+    def __init__(self, options: FuzzOptions, factory, worker: int, claims: Claims, stats: Stats, out: TextIO):
+        self.options, self.factory, self.worker, self.claims, self.stats, self.out = options, factory, worker, claims, stats, out
+        self.set_aside = options.known_findings()
+        self.buckets = Buckets(cache_release(factory), started=stats.started)
+
+    def claim(self, signature) -> bool:
+        """Whether this process shrinks and reports a failure with `signature`; either way it is
+        set aside from now on. A failure another process claimed counts as set aside."""
+        self.set_aside.add_signature(signature)
+        if self.claims.claim(signature, self.worker):
+            return True
+        self.stats.record(SET_ASIDE_EVENT + signature.key)
+        return False
+
+    def found(self, signature, check: str, message: str, config: str, trace: Optional[str]) -> Bucket:
+        bucket = self.buckets.add(signature, check, message, config, trace)
+        self.stats.failures.append(bucket)
+        announce(bucket, self.out)
+        return bucket
 
 
-def hypothesis_round(options: FuzzOptions, factory, machine, scenario_name: str, round_no: int, stats: Stats, database,
-                     out: TextIO) -> bool:
-    """Five state-machine examples of one configuration's machine; False if one failed."""
+def hypothesis_round(rnd: Round, machine, scenario_name: str, round_no: int, database) -> Optional[Bucket]:
+    """Five state-machine examples of one configuration's machine; the bucket of a new failure."""
+    options = rnd.options
     if options.seed is not None:
         machine._hypothesis_internal_use_seed = options.seed * 1_000_003 + round_no
     budget = settings(
@@ -58,24 +77,28 @@ def hypothesis_round(options: FuzzOptions, factory, machine, scenario_name: str,
         with contextlib.redirect_stdout(io.StringIO()):
             run_state_machine_as_test(machine, settings=budget)
     except Exception as exc:
-        check, path = classify(exc), noted_trace_path(exc)
+        signature, path = getattr(exc, "harness_signature", None), noted_trace_path(exc)
+        if signature is None:  # raised outside the machine's steps (Hypothesis itself, building the cache)
+            raise
+        if not rnd.claim(signature):
+            if path is not None and os.path.exists(path):
+                os.remove(path)
+            return None
         if path is not None:
-            path = shrink_saved(path, factory, check, options.trace_dir)
-        record_failure(stats, scenario_name, check, str(exc), path, out)
-        return False
-    return True
+            path = shrink_saved(path, rnd.factory, options.trace_dir)
+        return rnd.found(signature, check_of(exc), str(exc), scenario_name, path)
+    return None
 
 
-def random_round(options: FuzzOptions, factory, scenario_name: str, rng: random.Random, steps: int, stats: Stats,
-                 set_aside, out: TextIO) -> bool:
-    """One random program of one configuration; False if it failed."""
+def random_round(rnd: Round, scenario_name: str, rng: random.Random, steps: int) -> Optional[Bucket]:
+    """One random program of one configuration; the bucket of a new failure."""
+    options = rnd.options
     try:
-        random_program(SCENARIOS[scenario_name], factory, rng, steps, options.device, options.trace_dir, stats.record,
-                       options.protocol, set_aside)
+        random_program(SCENARIOS[scenario_name], rnd.factory, rng, steps, options.device, options.trace_dir, rnd.stats.record,
+                       options.protocol, rnd.set_aside, claim=rnd.claim)
     except ProgramFailed as failed:
-        record_failure(stats, scenario_name, failed.check, failed.message, failed.path, out)
-        return False
-    return True
+        return rnd.found(failed.signature, failed.check, failed.message, scenario_name, failed.path)
+    return None
 
 
 def peak_rss_mib() -> float:
@@ -83,9 +106,11 @@ def peak_rss_mib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None, stop=None) -> Dict[str, Any]:
-    """One fuzz process: rotate through the configurations until the budget ends, or until
-    `stop` (an event, see `harness.fuzz.stop`) is set."""
+def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None, stop=None,
+               claims: Optional[Claims] = None) -> Dict[str, Any]:
+    """One fuzz process: rotate through every configuration until the budget ends, or until
+    `stop` (an event, see `harness.fuzz.stop`) is set, or with `fail_fast` a failure that fails
+    the run. `claims` is shared with the other processes (`harness.fuzz.buckets`)."""
     register_profiles()
     factory = cache_factory(options.impl)
     stats = Stats()
@@ -99,48 +124,47 @@ def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None, 
             progress.show(stats.programs, stats.steps, len(stats.failures))
 
     stats.on_tick = tick
+    rnd = Round(options, factory, worker, claims or Claims(), stats, out)
     database = open_database(options.db) if options.engine == "hypothesis" else None
     rng = random.Random(None if options.seed is None else options.seed * 7919 + worker)
-    set_aside = options.known_findings()
     # one machine class per configuration for the whole run: Hypothesis keeps what it learns of a
     # machine class (its rules) for as long as the process lives, so a class a round would grow it
     machines = {
         name: machine_for(SCENARIOS[name], factory, options.device, stats.record, trace_dir=options.trace_dir,
-                          protocol=options.protocol, set_aside=set_aside)
+                          protocol=options.protocol, set_aside=rnd.set_aside)
         for name in options.configs
     } if options.engine == "hypothesis" else {}
     steps = settings.get_profile(options.profile).stateful_step_count
     round_no = worker
     started = time.monotonic()
     rss_after_first_round = None
-    # a configuration that failed leaves the rotation: its next rounds would only find the same
-    # failure again (the example database replays it first)
     configs = list(options.configs)
-    while configs and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+    while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        rnd.claims.sync(rnd.set_aside)
         name = configs[round_no % len(configs)]
         if options.engine == "hypothesis":
-            ok = hypothesis_round(options, factory, machines[name], name, round_no, stats, database, out)
+            bucket = hypothesis_round(rnd, machines[name], name, round_no, database)
         else:
-            ok = random_round(options, factory, name, rng, steps, stats, set_aside, out)
+            bucket = random_round(rnd, name, rng, steps)
         round_no += 1
         if rss_after_first_round is None:
             rss_after_first_round = peak_rss_mib()
         tick()
-        if not ok:
-            if options.fail_fast:
-                break
-            configs.remove(name)
+        if bucket is not None and options.fail_fast and (options.fail_on_known or bucket.known is None):
+            break
     elapsed = time.monotonic() - started
     if progress is not None:
         progress.show(stats.programs, stats.steps, len(stats.failures), final=True)
+    set_aside_counts = {k[len(SET_ASIDE_EVENT):]: n for k, n in stats.labels.items() if k.startswith(SET_ASIDE_EVENT)}
     return {
         "programs": stats.programs,
         "steps": stats.steps,
         "elapsed_seconds": elapsed,
-        "failures": stats.failures,
+        "buckets": [b.to_json() for b in stats.failures],
+        "set_aside_counts": set_aside_counts,
         "first_failure_programs": stats.first_failure_programs,
         "first_failure_seconds": stats.first_failure_seconds,
-        "reach": dict(stats.labels),
+        "reach": {k: n for k, n in stats.labels.items() if not k.startswith(SET_ASIDE_EVENT)},
         "peak_rss_mib": peak_rss_mib(),
         "peak_rss_after_first_round_mib": rss_after_first_round,
     }

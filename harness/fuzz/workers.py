@@ -1,4 +1,5 @@
-"""Several fuzz processes sharing the example database; progress from their counters."""
+"""Several fuzz processes sharing the example database and the claims on failure signatures
+(`harness.fuzz.buckets.Claims`, a manager's dict); progress from their counters."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import queue
 import sys
 from typing import Any, Dict, List, TextIO
 
+from harness.fuzz.buckets import Claims
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.progress import Progress
 from harness.fuzz.rounds import run_single
 from harness.fuzz.stop import StopRequest, signals_ignored
 
 
-def _worker_main(options: FuzzOptions, worker: int, shared, results, stop) -> None:
-    results.put((worker, run_single(options, sys.stdout, worker, shared, stop)))
+def _worker_main(options: FuzzOptions, worker: int, shared, results, stop, claimed) -> None:
+    results.put((worker, run_single(options, sys.stdout, worker, shared, stop, Claims(claimed))))
 
 
 class _Counters:
@@ -36,8 +38,11 @@ def run_workers(options: FuzzOptions, out: TextIO, stop: StopRequest) -> List[Di
     ctx = multiprocessing.get_context("spawn")
     shared = _Counters(ctx, options.workers)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker_main, args=(options, i, shared, results, stop.event)) for i in range(options.workers)]
     with signals_ignored():
+        manager = ctx.Manager()  # started with the signals ignored too: a Ctrl-C must not kill it mid-run
+        claimed = manager.dict()
+        procs = [ctx.Process(target=_worker_main, args=(options, i, shared, results, stop.event, claimed))
+                 for i in range(options.workers)]
         for p in procs:
             p.start()
     progress = Progress(options.seconds, out)
@@ -52,9 +57,10 @@ def run_workers(options: FuzzOptions, out: TextIO, stop: StopRequest) -> List[Di
         progress.show(*shared.totals())
     for p in procs:
         p.join()
+    manager.shutdown()
     missing = [i for i in range(options.workers) if i not in collected]
     if missing:
         raise RuntimeError(f"fuzz worker(s) {missing} died without a report")
     totals = [sum(r[k] for r in collected.values()) for k in ("programs", "steps")]
-    progress.show(totals[0], totals[1], sum(len(r["failures"]) for r in collected.values()), final=True)
+    progress.show(totals[0], totals[1], sum(len(r["buckets"]) for r in collected.values()), final=True)
     return [collected[i] for i in sorted(collected)]
