@@ -136,6 +136,14 @@ def run_replay(args, out: TextIO) -> int:
         note = development_note(sglang_version())
         if note:
             print(f"note: {note}", file=sys.stderr)
+    if args.to_script:
+        from harness.reproducer import ScriptError, to_script
+
+        try:
+            out.write(to_script(trace, factory, args.file))
+        except ScriptError as exc:
+            raise UsageError(f"--to-script: {exc}") from None
+        return 0
     if args.to_pytest:
         stem = "".join(c if c.isalnum() else "_" for c in os.path.basename(args.file).removesuffix(".json"))
         out.write(to_pytest(trace, f"replay_{stem}", protocol))
@@ -304,7 +312,11 @@ def build_parser() -> CommandParser:
     rp.add_argument("--protocol", default=None, help="scheduler protocol (default: the trace's on the cache that recorded it, else the cache's own)")
     rp.add_argument("--device", default=None, help="torch device (default: the trace's)")
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
-    rp.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function")
+    emit = rp.add_mutually_exclusive_group()
+    emit.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function (our regression tests)")
+    emit.add_argument("--to-script", action="store_true",
+                      help="print a standalone Python file that imports only SGLang and torch and reproduces the failure "
+                      "of a trace recorded on SGLang (for upstream)")
     rp.set_defaults(run=run_replay)
     rl = sub.add_parser("releases", help="replay a trace (or fuzz) on every SGLang release, each in its own process",
                         description="Replay TRACE on every SGLang release from --from to --to (fetched into the release "

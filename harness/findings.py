@@ -59,9 +59,21 @@ class KnownFinding:
         """Whether a failure with `signature` is this finding: the instance it tolerates, or,
         for a finding set aside otherwise, a failure of its check whose signature holds its
         `marks`."""
-        if self.tolerated is not None:
+        if self.tolerated is not None and self.tolerated[0] in TOLERABLE_CHECKS:
             return signature.kind == INVARIANT and self.tolerates(signature.check, signature.what)
         return signature.check == self.check and all(mark in signature.key for mark in self.marks)
+
+    @property
+    def precise(self) -> bool:
+        """Whether its signature alone identifies it: a check passes over just its instance, or
+        its marks are all it is set aside by. A finding set aside by the operations or settings
+        it needs is only the failure of a trace that makes them (`involved`)."""
+        return type(self).avoids is KnownFinding.avoids and type(self).settings is KnownFinding.settings
+
+    def involved(self, scheduler: SchedulerConfig, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        """Whether a program with these settings, making this operation in this state, takes the
+        path this finding is set aside from."""
+        return self.settings(scheduler) != scheduler or self.avoids(op, args, driver)
 
     def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
         """Whether the operation would trigger this finding and is not to be chosen."""
@@ -168,6 +180,7 @@ class RetractPassesIsInsert(KnownFinding):
         "MambaRadixCache does not accept: the scheduler dies with TypeError"
     )
     set_aside = "requests arrive only while all of them together (input and max_new_tokens) fit the KV pool"
+    marks = ("is_insert",)
 
     def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
         if op != "arrive":
@@ -188,6 +201,7 @@ class IdleCheckCountsWaitingSlot(KnownFinding):
     )
     set_aside = "the idle check counts Mamba slots held by waiting requests as in use"
     tolerated = ("idle check", "a waiting request's Mamba slot")
+    marks = ("memory leak detected", "self_check_during_idle")
 
 
 class IdleSanityCheckLruOrder(KnownFinding):
@@ -200,6 +214,7 @@ class IdleSanityCheckLruOrder(KnownFinding):
         "on reachable states it raises 'Incorrect LRU list' and the scheduler dies"
     )
     set_aside = "the idle check passes over sanity_check's 'Incorrect LRU list'"
+    marks = ("Incorrect LRU list",)
 
     def tolerates(self, check: str, what: str) -> bool:
         return check == "idle check" and what.startswith("sanity_check:") and "Incorrect LRU list" in what
@@ -294,9 +309,14 @@ class SetAside:
         return SetAside((f for f in self.findings if f.meets(release)), signatures=self.signatures.values())
 
 
+def candidate_findings(signature: Signature, release: str) -> List[KnownFinding]:
+    """The known findings of `release` a failure with `signature` may be (`KnownFinding.matches`)."""
+    return [f for f in KNOWN_FINDINGS.values() if f.meets(release) and f.matches(signature)]
+
+
 def matching_finding(signature: Signature, release: str) -> Optional[KnownFinding]:
-    """The known finding of `release` a failure's signature is, if any."""
-    return next((f for f in KNOWN_FINDINGS.values() if f.meets(release) and f.matches(signature)), None)
+    """The known finding of `release` a failure's signature alone identifies, if any."""
+    return next((f for f in candidate_findings(signature, release) if f.precise), None)
 
 
 def is_signature_text(name: str) -> bool:

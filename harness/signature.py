@@ -91,7 +91,7 @@ def normalize(text: str) -> str:
     """`text`'s first line, numbers written N (a run of them, or a list of one, N...), at most
     MAX_WHAT characters."""
     line = (text.strip().splitlines() or [""])[0]
-    line = re.sub(r"\d+(\.\d+)?", "N", line)
+    line = re.sub(r"\b\d+(\.\d+)*\b", "N", line)  # not the digits of a name (torch.int32)
     line = re.sub(r"N(, N)+", "N...", line).replace("[N]", "[N...]").replace("(N)", "(N...)")
     line = line.replace(SEPARATOR, " / ")
     return line[:MAX_WHAT]

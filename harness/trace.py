@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from harness.caches import CacheFactory, ImplCache, cache_class, cache_name, cache_release
 from harness.driver import Driver, paused_gc
-from harness.findings import KNOWN_FINDINGS, SetAside, is_signature_text
+from harness.findings import KNOWN_FINDINGS, KnownFinding, SetAside, candidate_findings, is_signature_text
 from harness.operations import OperationError, check_arguments
 from harness.protocols import PROTOCOLS
 from harness.signature import Signature, check_of, parse_key, signature_of
@@ -281,6 +281,32 @@ def set_aside_names(names: List[str]) -> List[str]:
             name = trace.failure.signature.key
         keys.append(name)
     return keys
+
+
+def finding_of(trace: Trace, cache_factory: CacheFactory) -> Optional[KnownFinding]:
+    """The known finding a failing trace recorded on `cache_factory`'s release is: one its
+    signature identifies (`KnownFinding.precise`), else one whose operations or settings the
+    trace takes (`KnownFinding.involved`, checked while replaying it), else None."""
+    signature = trace.failure.signature if trace.failure else None
+    if signature is None:
+        return None
+    candidates = candidate_findings(signature, trace.impl_version)
+    precise = [f for f in candidates if f.precise]
+    if precise or not candidates:
+        return precise[0] if precise else None
+    for finding in candidates:
+        if finding.settings(trace.scheduler) != trace.scheduler:
+            return finding
+    involved: List[KnownFinding] = []
+    ops = trace.operations
+
+    def watch(step: int, entry: Dict[str, Any], driver: Driver) -> None:
+        if step + 1 < len(ops):
+            following = ops[step + 1]
+            involved.extend(f for f in candidates if f not in involved and f.avoids(following["op"], following["args"], driver))
+
+    replay(trace, cache_factory, on_step=watch)
+    return involved[0] if involved else None
 
 
 def replay_protocol(trace: Trace, cache_factory: CacheFactory, protocol: Optional[str] = None) -> str:

@@ -14,8 +14,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, MutableMapping, Optional, TextIO
 
-from harness.findings import SetAside, matching_finding
+from harness.findings import SetAside
 from harness.signature import Signature
+from harness.trace import finding_of, load_trace
 
 SET_ASIDE_EVENT = "set aside: "
 
@@ -60,12 +61,12 @@ class Claims:
 class Buckets:
     """This process's buckets, in the order found."""
 
-    release: str
     started: float = field(default_factory=time.monotonic)
     found: List[Bucket] = field(default_factory=list)
 
-    def add(self, signature: Signature, check: str, message: str, config: str, trace: Optional[str]) -> Bucket:
-        finding = matching_finding(signature, self.release)
+    def add(self, signature: Signature, check: str, message: str, config: str, trace: Optional[str], factory) -> Bucket:
+        """A new bucket, judged against the known findings by its shrunk trace (`finding_of`)."""
+        finding = finding_of(load_trace(trace), factory) if trace else None
         bucket = Bucket(
             key=signature.key,
             signature=signature.to_json(),

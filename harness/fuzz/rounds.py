@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, TextIO
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from harness.caches import cache_factory, cache_release
+from harness.caches import cache_factory
 from harness.engines.hypothesis_engine import machine_for, noted_trace_path
 from harness.engines.random_engine import ProgramFailed, random_program
 from harness.engines.shrink import shrink_saved
@@ -40,7 +40,7 @@ class Round:
     def __init__(self, options: FuzzOptions, factory, worker: int, claims: Claims, stats: Stats, out: TextIO):
         self.options, self.factory, self.worker, self.claims, self.stats, self.out = options, factory, worker, claims, stats, out
         self.set_aside = options.known_findings()
-        self.buckets = Buckets(cache_release(factory), started=stats.started)
+        self.buckets = Buckets(started=stats.started)
 
     def claim(self, signature) -> bool:
         """Whether this process shrinks and reports a failure with `signature`; either way it is
@@ -52,7 +52,7 @@ class Round:
         return False
 
     def found(self, signature, check: str, message: str, config: str, trace: Optional[str]) -> Bucket:
-        bucket = self.buckets.add(signature, check, message, config, trace)
+        bucket = self.buckets.add(signature, check, message, config, trace, self.factory)
         self.stats.failures.append(bucket)
         announce(bucket, self.out)
         return bucket
