@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import inspect
 import types
 import weakref
@@ -45,6 +46,7 @@ class Recorder:
     _names: Dict[int, Tuple[str, Any]] = field(default_factory=dict)  # id -> (expression, ref)
     _count: int = 0
     _patched: List[Tuple[type, str, Any]] = field(default_factory=list)
+    _wrapped: List[type] = field(default_factory=list)  # classes whose methods are recorded
     # request records (stand-ins, SGLang's `Req` and `ReqKvInfo`): expression, and the state of
     # their attributes last written down; what the adapter changes in them (an `append` too) is
     # written as assignments before its next call
@@ -76,7 +78,7 @@ class Recorder:
             self._records[id(value)] = (ref, expr, _state(value))
         self._wrap_class(type(value))
         if depth > 0 and not isinstance(value, torch.Tensor):
-            for name, attr in list(getattr(value, "__dict__", {}).items()):
+            for name, attr in list(attributes_of(value).items()):
                 if not name.startswith("_"):
                     self.register(attr, f"{expr}.{name}", depth - 1)
 
@@ -101,6 +103,8 @@ class Recorder:
         named = None if contents and isinstance(value, (list, dict)) else self.name_of(value)
         if named is not None:
             return named
+        if isinstance(value, enum.Enum):  # before int: an IntEnum is one
+            return f"{self.import_of(type(value))}.{value.name}"
         if value is None or isinstance(value, (bool, int, float, str)):
             return repr(value)
         if isinstance(value, (list, tuple)):
@@ -117,8 +121,6 @@ class Recorder:
         if isinstance(value, array):
             self.need("array", "array")
             return f"array({value.typecode!r}, {value.tolist()!r})"
-        if isinstance(value, enum.Enum):
-            return f"{self.import_of(type(value))}.{value.name}"
         if isinstance(value, torch.Tensor):
             return self._tensor(value)
         if isinstance(value, type) or inspect.isfunction(value) or inspect.isbuiltin(value):
@@ -167,6 +169,9 @@ class Recorder:
         finally:
             self.depth -= 1
 
+    def arguments(self, args: tuple, kwargs: dict) -> str:
+        return ", ".join([self.expr(a) for a in args] + [f"{k}={self.expr(v)}" for k, v in kwargs.items()])
+
     def call(self, target: str, fn: Callable, args: tuple, kwargs: dict, result_prefix: str = "v") -> Any:
         """Run `fn(*args, **kwargs)`, recording it as `target(...)` when the adapter made it."""
         if self.depth > 0:
@@ -176,7 +181,7 @@ class Recorder:
             finally:
                 self.depth -= 1
         self.sync_records()
-        code = f"{target}({', '.join([self.expr(a) for a in args] + [f'{k}={self.expr(v)}' for k, v in kwargs.items()])})"
+        code = f"{target}({self.arguments(args, kwargs)})"
         self.depth += 1
         try:
             result = fn(*args, **kwargs)
@@ -215,7 +220,7 @@ class Recorder:
                 continue
             now = _state(obj)
             if write:
-                for name, value in vars(obj).items():
+                for name, value in attributes_of(obj).items():
                     if name in now and now[name] != last.get(name, _ABSENT):
                         self.emit(f"{expr}.{name} = {self.expr(value, contents=True)}")
                         self.register(value, f"{expr}.{name}", depth=0)
@@ -224,15 +229,20 @@ class Recorder:
     # ----- wrapping ---------------------------------------------------------------------------
 
     def wrap_namespace(self, sgl: types.SimpleNamespace) -> Callable[[], None]:
-        """Wrap the namespace's SGLang classes, functions and modules; returns the undo."""
+        """Record what the adapter does with the namespace's SGLang classes (construction, static
+        and class methods, then the methods of what they build), functions and modules; returns
+        the undo of the namespace (`undo` restores the classes)."""
         saved = dict(vars(sgl))
         for name, value in saved.items():
             if isinstance(value, types.ModuleType) and _from_sglang(value.__name__):
                 setattr(sgl, name, _RecordedModule(self, value))
-            elif (isinstance(value, type) or inspect.isfunction(value)) and _from_sglang(getattr(value, "__module__", "")):
-                if isinstance(value, type) and issubclass(value, enum.Enum):
-                    continue
-                setattr(sgl, name, _RecordedCallable(self, value))
+            elif isinstance(value, type) and _from_sglang(value.__module__) and not issubclass(value, enum.Enum):
+                if inspect.isfunction(value.__init__):
+                    self._record_construction(value)
+                else:  # built without a Python __init__ (a msgspec Struct): its name in the namespace records it
+                    setattr(sgl, name, self._recording(self.import_of(value), value))
+            elif inspect.isfunction(value) and _from_sglang(value.__module__):
+                setattr(sgl, name, self._recording(self.import_of(value), value))
 
         def undo() -> None:
             for name, value in saved.items():
@@ -240,45 +250,69 @@ class Recorder:
 
         return undo
 
-    def wrap_stand_in(self, cls: type) -> None:
-        """A harness class the adapter hands SGLang in place of its scheduler's: its source goes
-        into the script, and its construction, methods and attribute writes are recorded."""
-        if cls in self.stand_ins:
+    def _recording(self, target: str, fn: Callable) -> Callable:
+        """`fn`, its calls recorded as `target(...)` (its signature kept for `inspect`)."""
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.call(target, fn, args, kwargs)
+
+        return call
+
+    def _record_construction(self, cls: type) -> None:
+        """The adapter's `cls(...)` and `cls.static_or_class_method(...)` become statements."""
+        if any(patched is cls and name == "__init__" for patched, name, _ in self._patched):
             return
-        self.stand_ins.append(cls)
         original_init = cls.__init__
         recorder = self
 
+        @functools.wraps(original_init)
         def init(obj: Any, *args: Any, **kwargs: Any) -> None:
-            if recorder.depth > 0:
-                return original_init(obj, *args, **kwargs)
-            name = recorder.fresh("r")
-            code = f"{name} = {cls.__qualname__}({', '.join([recorder.expr(a) for a in args] + [f'{k}={recorder.expr(v)}' for k, v in kwargs.items()])})"
+            if recorder.depth > 0 or type(obj) is not cls:
+                recorder.depth += 1
+                try:
+                    return original_init(obj, *args, **kwargs)
+                finally:
+                    recorder.depth -= 1
+            recorder.sync_records()
+            name = recorder.fresh("r" if cls in recorder.stand_ins else "v")
+            code = f"{name} = {recorder.import_of(cls)}({recorder.arguments(args, kwargs)})"
             recorder.depth += 1
             try:
                 original_init(obj, *args, **kwargs)
             finally:
                 recorder.depth -= 1
             recorder.emit(code)
-            recorder.register(obj, name, depth=0)
+            recorder.register(obj, name, depth=0 if cls in recorder.stand_ins else 1)
 
         self._patch(cls, "__init__", init)
-        self._wrap_class(cls, force=True)
+        for name, attr in list(vars(cls).items()):
+            if name.startswith("_") or not isinstance(attr, (staticmethod, classmethod)):
+                continue
+            bound = getattr(cls, name)
+            wrapped = self._recording(f"{self.import_of(cls)}.{name}", bound)
+            self._patch(cls, name, staticmethod(wrapped))
+        self._wrap_class(cls, force=cls in self.stand_ins)
+
+    def wrap_stand_in(self, cls: type) -> None:
+        """A harness class the adapter hands SGLang in place of its scheduler's: its source goes
+        into the script, and its construction, methods and attribute writes are recorded."""
+        if cls not in self.stand_ins:
+            self.stand_ins.append(cls)
+            self._record_construction(cls)
 
     def _wrap_class(self, cls: type, force: bool = False) -> None:
-        """Record the adapter's calls of the class's methods and its attribute writes (once)."""
-        if any(patched is cls for patched, _, _ in self._patched) and not force:
+        """Record the adapter's calls of the class's methods and its attribute writes (once);
+        `force`: a class not of SGLang's (a stand-in)."""
+        if cls in self._wrapped or not (force or _from_sglang(cls.__module__)):
             return
-        if not force and not _from_sglang(cls.__module__):
-            return
+        self._wrapped.append(cls)
         recorder = self
         for klass in cls.__mro__:
             if klass is object or not (_from_sglang(klass.__module__) or klass is cls):
                 continue
             for name, attr in list(vars(klass).items()):
-                if name.startswith("_") or not inspect.isfunction(attr):
-                    continue
-                if any(p is klass and n == name for p, n, _ in self._patched):
+                if name.startswith("_") or not inspect.isfunction(attr) or hasattr(attr, "__recorded__"):
                     continue
                 self._patch(klass, name, _method_wrapper(recorder, attr, name))
         original_setattr = cls.__setattr__
@@ -310,16 +344,31 @@ class Recorder:
             else:
                 setattr(cls, name, original)
         self._patched.clear()
+        self._wrapped.clear()
 
 
 _ABSENT = object()
 RECORD_CLASSES = ("Req", "ReqKvInfo")  # SGLang's request records the adapter writes to
 
 
+def attributes_of(obj: Any) -> Dict[str, Any]:
+    """An object's attributes: its `__dict__`, its slots (a class with `__slots__`, a msgspec
+    Struct's fields)."""
+    found = dict(getattr(obj, "__dict__", {}))
+    for klass in type(obj).__mro__:
+        names = klass.__dict__.get("__struct_fields__") or klass.__dict__.get("__slots__") or ()
+        if not isinstance(names, (str, tuple, list)):
+            continue
+        for name in (names,) if isinstance(names, str) else names:
+            if name not in found and name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                found[name] = getattr(obj, name)
+    return found
+
+
 def _state(obj: Any) -> Dict[str, Any]:
-    """An object's public attributes as comparable values: literals as they are, containers by
-    their items, any other object by identity."""
-    return {name: _comparable(value) for name, value in vars(obj).items() if not name.startswith("__")}
+    """An object's attributes as comparable values: literals as they are, containers by their
+    items, any other object by identity."""
+    return {name: _comparable(value) for name, value in attributes_of(obj).items() if not name.startswith("__")}
 
 
 def _comparable(value: Any) -> Any:
@@ -346,27 +395,9 @@ def _method_wrapper(recorder: Recorder, fn: Callable, name: str) -> Callable:
         return recorder.call(f"{target}.{name}", lambda *a, **k: fn(obj, *a, **k), args, kwargs)
 
     method.__wrapped__ = fn
+    method.__recorded__ = True
     method.__signature__ = inspect.signature(fn)
     return method
-
-
-class _RecordedCallable:
-    """An SGLang class or function in the namespace: calls are recorded, the rest passes through."""
-
-    def __init__(self, recorder: Recorder, target: Any):
-        self._recorder, self._target = recorder, target
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        target = self._target
-        return self._recorder.call(self._recorder.import_of(target), target, args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._target, name)
-        static = inspect.isfunction(value) and not name.startswith("_")
-        if static or (inspect.ismethod(value) and value.__self__ is self._target):  # a static or class method: a constructor too
-            owner = self._recorder.import_of(self._target)
-            return lambda *args, **kwargs: self._recorder.call(f"{owner}.{name}", value, args, kwargs)
-        return value
 
 
 class _RecordedModule:
@@ -379,8 +410,7 @@ class _RecordedModule:
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._module, name)
         if inspect.isfunction(value) and _from_sglang(value.__module__):
-            alias = self._recorder.module_alias(self._module.__name__)
-            return lambda *args, **kwargs: self._recorder.call(f"{alias}.{name}", value, args, kwargs)
+            return self._recorder._recording(f"{self._recorder.module_alias(self._module.__name__)}.{name}", value)
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -25,7 +25,7 @@ import inspect
 from typing import Any, Dict, List, Optional
 
 from harness.caches import CacheFactory
-from harness.reproducer.record import Recorder, ScriptError
+from harness.reproducer.record import Recorder, ScriptError, attributes_of
 from harness.signature import EXCEPTION, INVARIANT, Signature
 from harness.findings import KnownFinding
 from harness.trace import Trace, finding_of, replay
@@ -104,7 +104,8 @@ def node_tensors(node):
     for name, value in vars(node).items():
         if isinstance(value, torch.Tensor):
             yield name, value
-    for component, data in (getattr(node, "component_data", None) or {}).items():
+    components = getattr(node, "component_data", None) or {}
+    for component, data in (components.items() if isinstance(components, dict) else enumerate(components)):
         for name, value in vars(data).items():
             if isinstance(value, torch.Tensor):
                 yield f"{component}.{name}", value
@@ -282,7 +283,7 @@ def _attribute_expr(recorder: Recorder, value: Any) -> str:
     if named is not None:
         return named
     for expr, obj in recorder.objects():
-        for name, attr in list(getattr(obj, "__dict__", {}).items()):
+        for name, attr in list(attributes_of(obj).items()):
             if attr is value:
                 return f"{expr}.{name}"
     raise ScriptError("a free list the check compares with is not an attribute of an object the script builds")
@@ -310,9 +311,11 @@ def _document(trace: Trace, signature: Signature, recorder: Recorder, body: List
     if signature.check == "node_reclaimed":
         tracking = ["", "seen = weakref.WeakSet()  # every node the tree held at the end of a step"]
         body = [line if not line.startswith("# end of step") else f"{line}\nseen.update(tree_nodes({_root_expr(recorder)}))" for line in body]
+    core = trace.impl.removeprefix("sglang-") if trace.impl in ("sglang-python", "sglang-rust") else None
     sections = [
         "\n".join(header),
-        PRELUDE.strip("\n"),
+        PRELUDE.strip("\n")
+        + (f'\nos.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = {core!r}  # the tree core it was found on' if core else ""),
         "\n".join(imports),
         "\n\n".join(s.rstrip() for s in stand_ins),
         NODE_HELPERS.strip("\n") if signature.kind == INVARIANT else "",
