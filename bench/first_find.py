@@ -46,10 +46,10 @@ def hunt(finding: str, engine: str, impl: str, release: str, seconds: float, dev
          trace_dir: Optional[str] = None) -> FirstFind:
     """Fuzz with every other finding of `release` set aside until the first failure; its trace
     goes to `trace_dir` (default: a temporary directory)."""
-    others = [f.name for f in KNOWN_FINDINGS.values() if release in f.releases and f.name != finding]
+    others = [f.name for f in KNOWN_FINDINGS.values() if f.meets(release) and f.name != finding]
     with tempfile.TemporaryDirectory() as scratch:
         options = FuzzOptions(
-            seconds=seconds, device=device, impl=impl, engine=engine, workers=1, fail_fast=True,
+            seconds=seconds, device=device, impl=impl, engine=engine, workers=1, fail_fast=True, fail_on_known=True,
             db=f"{scratch}/db", trace_dir=trace_dir or scratch, set_aside=others,
         )
         report = fuzz(options, io.StringIO())

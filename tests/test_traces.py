@@ -177,3 +177,16 @@ def test_a_known_failure_belongs_to_the_cache_and_version_it_names():
     assert judge(trace, failed, impl="sglang", version="0.5.4") is None
     assert judge(trace, Verdict(3), impl="impl", version="0.1.0") is None
     assert judge(trace, failed, impl="sglang", version="0.5.20") == "failed at step 1: leaked"
+
+
+def test_a_trace_replays_where_it_was_recorded_or_is_refused_in_one_line():
+    from harness.caches.sglang_loader import sglang_unavailable, sglang_version
+
+    path = os.path.join(os.path.dirname(__file__), "regressions", "sglang-0.5.4", "retract-passes-is-insert.json")
+    result = run_cli("replay", path)
+    if not sglang_unavailable() and sglang_version() == "0.5.4":
+        assert result.returncode == 1 and "against sglang 0.5.4, where it was recorded" in result.stdout
+        return
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"error: {path} was recorded on sglang (SGLang 0.5.4), ")
