@@ -131,9 +131,9 @@ def run_replay(args, out: TextIO) -> int:
         raise UsageError(str(exc)) from None
     protocol = replay_protocol(trace, factory, args.protocol)
     if args.impl.startswith("sglang"):
-        from harness.caches.sglang_loader import development_note, sglang_version
+        from harness.caches.sglang_loader import development_note
 
-        note = development_note(sglang_version())
+        note = development_note()
         if note:
             print(f"note: {note}", file=sys.stderr)
     if args.to_script:

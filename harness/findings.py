@@ -67,13 +67,8 @@ class KnownFinding:
     def precise(self) -> bool:
         """Whether its signature alone identifies it: a check passes over just its instance, or
         its marks are all it is set aside by. A finding set aside by the operations or settings
-        it needs is only the failure of a trace that makes them (`involved`)."""
+        it needs is only the failure of a trace that takes them (`harness.trace.finding_of`)."""
         return type(self).avoids is KnownFinding.avoids and type(self).settings is KnownFinding.settings
-
-    def involved(self, scheduler: SchedulerConfig, op: str, args: Dict[str, Any], driver: Any) -> bool:
-        """Whether a program with these settings, making this operation in this state, takes the
-        path this finding is set aside from."""
-        return self.settings(scheduler) != scheduler or self.avoids(op, args, driver)
 
     def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
         """Whether the operation would trigger this finding and is not to be chosen."""
@@ -313,10 +308,6 @@ def candidate_findings(signature: Signature, release: str) -> List[KnownFinding]
     """The known findings of `release` a failure with `signature` may be (`KnownFinding.matches`)."""
     return [f for f in KNOWN_FINDINGS.values() if f.meets(release) and f.matches(signature)]
 
-
-def matching_finding(signature: Signature, release: str) -> Optional[KnownFinding]:
-    """The known finding of `release` a failure's signature alone identifies, if any."""
-    return next((f for f in candidate_findings(signature, release) if f.precise), None)
 
 
 def is_signature_text(name: str) -> bool:

@@ -53,10 +53,6 @@ class Signature:
         parts = [self.check, self.what] if self.kind == INVARIANT else [self.check, self.what, self.where, self.frame or "-"]
         return SEPARATOR.join(parts)
 
-    def describe(self) -> str:
-        """The key, with where an invariant broke."""
-        return self.key if self.kind != INVARIANT or not self.where else f"{self.key} ({self.where})"
-
     def same_as(self, other: "Signature") -> bool:
         return self.key == other.key
 

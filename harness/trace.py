@@ -285,8 +285,8 @@ def set_aside_names(names: List[str]) -> List[str]:
 
 def finding_of(trace: Trace, cache_factory: CacheFactory) -> Optional[KnownFinding]:
     """The known finding a failing trace recorded on `cache_factory`'s release is: one its
-    signature identifies (`KnownFinding.precise`), else one whose operations or settings the
-    trace takes (`KnownFinding.involved`, checked while replaying it), else None."""
+    signature identifies (`KnownFinding.precise`), else one whose settings the trace has, else
+    one whose operations it makes (`KnownFinding.avoids`, asked while replaying it), else None."""
     signature = trace.failure.signature if trace.failure else None
     if signature is None:
         return None

@@ -2,7 +2,7 @@
 
 A development version of SGLang (an editable install of a checkout: `0.5.24.dev0`, or any version
 newer than the newest release the harness knows) is driven by the newest era's adapter and rules
-(`harness.caches.sglang_releases.rules_release`). Before it is, `check_api` reads the signature of
+(`harness.caches.sglang_releases.is_development`). Before it is, `check_api` reads the signature of
 every call that adapter makes (`NEWEST_ERA_CALLS`, as of the newest release) and refuses, naming
 the call, where the checkout's API moved: a call gone, a parameter the adapter passes gone, or a
 new parameter without a default.

@@ -259,8 +259,10 @@ def sglang_version() -> str:
     return load_sglang().version
 
 
-def development_note(version: str) -> str:
-    """One line saying how a development version is driven ('' for a release)."""
+def development_note(version: Optional[str] = None) -> str:
+    """One line saying how a development version (default: the installed SGLang's) is driven
+    ('' for a release)."""
+    version = sglang_version() if version is None else version
     if not is_development(version):
         return ""
     return (f"SGLang {version} is a development version: driven by the adapter, scheduler protocol and rules of "

@@ -42,9 +42,9 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
     )
     if options.impl.startswith("sglang"):
-        from harness.caches.sglang_loader import development_note, sglang_version
+        from harness.caches.sglang_loader import development_note
 
-        note = development_note(sglang_version())
+        note = development_note()
         if note:
             out.write(f"fuzz: {note}\n")
     ctx = multiprocessing.get_context("spawn")

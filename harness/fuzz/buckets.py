@@ -11,7 +11,7 @@ new buckets are what fails the run (every bucket with `fail_on_known`).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, MutableMapping, Optional, TextIO
 
 from harness.findings import SetAside
@@ -57,29 +57,22 @@ class Claims:
             set_aside.add_signature(Signature.from_json(doc))
 
 
-@dataclass
-class Buckets:
-    """This process's buckets, in the order found."""
-
-    started: float = field(default_factory=time.monotonic)
-    found: List[Bucket] = field(default_factory=list)
-
-    def add(self, signature: Signature, check: str, message: str, config: str, trace: Optional[str], factory) -> Bucket:
-        """A new bucket, judged against the known findings by its shrunk trace (`finding_of`)."""
-        finding = finding_of(load_trace(trace), factory) if trace else None
-        bucket = Bucket(
-            key=signature.key,
-            signature=signature.to_json(),
-            check=check,
-            message=message.removeprefix(f"[{check}] ").splitlines()[0] if message.strip() else "",
-            config=config,
-            first_seen_seconds=round(time.monotonic() - self.started, 2),
-            known=finding.name if finding else None,
-            trace=trace,
-            replay=f"python -m harness replay {trace}" if trace else None,
-        )
-        self.found.append(bucket)
-        return bucket
+def new_bucket(signature: Signature, check: str, message: str, config: str, trace: Optional[str], factory,
+               started: float) -> Bucket:
+    """The bucket of a new signature, first seen now (`started`: when the process began), judged
+    against the known findings by its shrunk trace (`finding_of`)."""
+    finding = finding_of(load_trace(trace), factory) if trace else None
+    return Bucket(
+        key=signature.key,
+        signature=signature.to_json(),
+        check=check,
+        message=message.removeprefix(f"[{check}] ").splitlines()[0] if message.strip() else "",
+        config=config,
+        first_seen_seconds=round(time.monotonic() - started, 2),
+        known=finding.name if finding else None,
+        trace=trace,
+        replay=f"python -m harness replay {trace}" if trace else None,
+    )
 
 
 def merge_buckets(per_worker: List[List[Dict[str, Any]]], set_aside_counts: Dict[str, int]) -> List[Dict[str, Any]]:

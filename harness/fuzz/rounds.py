@@ -19,7 +19,7 @@ from harness.caches import cache_factory
 from harness.engines.hypothesis_engine import machine_for, noted_trace_path
 from harness.engines.random_engine import ProgramFailed, random_program
 from harness.engines.shrink import shrink_saved
-from harness.fuzz.buckets import SET_ASIDE_EVENT, Bucket, Buckets, Claims, announce
+from harness.fuzz.buckets import SET_ASIDE_EVENT, Bucket, Claims, announce, new_bucket
 from harness.fuzz.database import open_database
 from harness.fuzz.options import FuzzOptions
 from harness.fuzz.progress import Progress, Stats
@@ -34,13 +34,13 @@ NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
 
 class Round:
-    """What one round needs besides its configuration: this process's buckets, the claims of
-    every process, and the set-aside the engines consult (it grows as buckets are found)."""
+    """What one round needs besides its configuration: the claims of every process, the
+    set-aside the engines consult (it grows as buckets are found), and `stats`, whose
+    `failures` are this process's buckets."""
 
     def __init__(self, options: FuzzOptions, factory, worker: int, claims: Claims, stats: Stats, out: TextIO):
         self.options, self.factory, self.worker, self.claims, self.stats, self.out = options, factory, worker, claims, stats, out
         self.set_aside = options.known_findings()
-        self.buckets = Buckets(started=stats.started)
 
     def claim(self, signature) -> bool:
         """Whether this process shrinks and reports a failure with `signature`; either way it is
@@ -52,7 +52,7 @@ class Round:
         return False
 
     def found(self, signature, check: str, message: str, config: str, trace: Optional[str]) -> Bucket:
-        bucket = self.buckets.add(signature, check, message, config, trace, self.factory)
+        bucket = new_bucket(signature, check, message, config, trace, self.factory, self.stats.started)
         self.stats.failures.append(bucket)
         announce(bucket, self.out)
         return bucket

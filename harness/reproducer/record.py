@@ -85,7 +85,7 @@ class Recorder:
     def objects(self) -> Iterator[Tuple[str, Any]]:
         """Every named object still alive, with its expression."""
         for expr, ref in list(self._names.values()):
-            obj = ref() if isinstance(ref, weakref.ref) else ref
+            obj = _alive(ref)
             if obj is not None:
                 yield expr, obj
 
@@ -94,8 +94,7 @@ class Recorder:
         if entry is None:
             return None
         expr, ref = entry
-        alive = ref() if isinstance(ref, weakref.ref) else ref
-        return expr if alive is value else None
+        return expr if _alive(ref) is value else None
 
     def expr(self, value: Any, contents: bool = False) -> str:
         """`value` as an expression of the script (with `contents`, a list or dict by its items,
@@ -214,7 +213,7 @@ class Recorder:
     def sync_records(self, write: bool = True) -> None:
         """Write down (or, with `write=False`, only note) what changed in the request records."""
         for key, (ref, expr, last) in list(self._records.items()):
-            obj = ref() if isinstance(ref, weakref.ref) else ref
+            obj = _alive(ref)
             if obj is None:
                 del self._records[key]
                 continue
@@ -418,6 +417,11 @@ class _RecordedModule:
         if recorder.depth == 0:
             recorder.emit(f"{recorder.module_alias(self._module.__name__)}.{name} = {recorder.expr(value)}")
         setattr(self._module, name, value)
+
+
+def _alive(ref: Any) -> Any:
+    """What a name refers to: a weak reference's object (None once it died), or the object kept."""
+    return ref() if isinstance(ref, weakref.ref) else ref
 
 
 def _from_sglang(module: str) -> bool:
