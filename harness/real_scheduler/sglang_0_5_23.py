@@ -1,0 +1,343 @@
+"""`RealScheduler`: SGLang 0.5.23's own `Scheduler`, running on CPU in this process with a
+stand-in model worker, one turn of its normal event loop at a time.
+
+What is SGLang's and what is ours:
+  SGLang's  `Scheduler.__init__` (server-args validation, the model config read from a tiny HF
+            config of a hybrid architecture, `init_model_worker`, the memory pools' wiring, the
+            tree cache it builds through `mem_cache/registry.py`), `event_loop_normal`, request
+            ingestion (`TokenizedGenerateReqInput`, `AbortReq`, `FlushCacheReqInput` decoded
+            from msgpack as the socket delivers them), the batch and result processing, and its
+            invariant checker, strict (`SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE`,
+            `..._DURING_BUSY`, `SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK`)
+  ours      the seams 0.5.23 offers for this: `init_ipc_channels` (an inbox the program feeds,
+            senders that drop), `init_tp_model_worker` (`StandInWorker`: the pools of the cache
+            under test, `forward_batch_generation` writing digests and returning the tokens the
+            program chose), `ingest_requests` (ends a turn at the loop's next ingest), the radix
+            cache backend `harness` (`register_radix_cache_backend`) returning the cache under
+            test's tree, and NUMA thread binding turned off (the harness shares the process)
+
+The stand-in forward pass checks, for every request of a batch, that the Mamba state it resumes
+from is the digest of its own prefix (`harness.digest`), whatever the model says: a raise is an
+`InvariantViolation("meaning", ...)`. A raise from SGLang's invariant checker is an
+`InvariantViolation("sglang_self_check", ...)`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import tempfile
+from array import array
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from harness import digest
+from harness.caches.sglang_loader import load_sglang
+from harness.checks.violation import InvariantViolation
+from harness.signature import normalize
+from strategies.config import CacheConfig, SchedulerConfig
+
+BACKEND = "harness"
+STRICT_CHECKS = {
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+    "SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1",
+}
+# the invariant checker's entry points the scheduler calls (scheduler_components/invariant_checker.py)
+CHECKER_METHODS = ("_check_all_pools", "_report_leak", "_check_req_pool", "_check_tree_cache", "self_check_during_busy")
+
+
+def tiny_hybrid_config(directory: str, context_len: int, eos_token_id: int) -> str:
+    """Write a two-layer Qwen3-Next HF config (one linear-attention layer, one full-attention
+    layer; `configs/qwen3_next.py` reads it) into `directory`; returns the directory."""
+    config = {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 1024,
+        "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"], "full_attention_interval": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+        "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_key_head_dim": 4,
+        "linear_value_head_dim": 4, "linear_conv_kernel_dim": 2, "num_experts": 2,
+        "num_experts_per_tok": 1, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+        "max_position_embeddings": context_len, "eos_token_id": eos_token_id, "torch_dtype": "float32",
+    }
+    with open(os.path.join(directory, "config.json"), "w") as out:
+        json.dump(config, out)
+    return directory
+
+
+class TurnEnd(Exception):
+    """The event loop reached its next ingest: one turn is over."""
+
+
+class Inbox:
+    """The scheduler's receive socket, fed by the program (`recv` gives msgpack, as zmq does)."""
+
+    def __init__(self, io: Any, zmq: Any):
+        self.queue: collections.deque = collections.deque()
+        self._io, self._zmq = io, zmq
+
+    def _next(self) -> Any:
+        if not self.queue:
+            raise self._zmq.ZMQError(self._zmq.EAGAIN, "no message")
+        return self.queue.popleft()
+
+    def recv(self, flags: int = 0) -> bytes:
+        return self._io.msgpack_encode(self._next())
+
+    def recv_pyobj(self, flags: int = 0) -> Any:
+        return self._next()
+
+
+class ModelRunnerStandIn(SimpleNamespace):
+    """What the scheduler reads of `tp_worker.model_runner`; an attribute it was not given reads
+    None (the features it names are off)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+class StandInWorker:
+    """The model worker: the cache under test's pools, and a forward pass that writes digests."""
+
+    is_hybrid_swa = False
+    weight_load_time = 0.0
+
+    def __init__(self, owner: "RealScheduler", scheduler: Any):
+        from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import NgramEmbeddingManager
+
+        cut, config = owner.cut, owner.config
+        self.owner = owner
+        self.model_config = scheduler.model_config
+        self.graph_time_usage: Dict[str, float] = {}
+        self.max_running_requests = owner.scheduler_config.max_running_requests or config.req_size
+        self.model_runner = ModelRunnerStandIn(
+            token_to_kv_pool=SimpleNamespace(size=config.kv_size, post_capture_active=False),
+            mtp_draft_device_pools=(), mtp_draft_mamba_pools=(), model_config=scheduler.model_config,
+            canary_manager=None, attn_backend=SimpleNamespace(needs_cpu_seq_lens=False),
+            forward_stream=torch.cpu.Stream(), device=config.device, memory_pool_config=True,
+            req_to_token_pool=cut.req_pool, token_to_kv_pool_allocator=cut.kv, prewarm_sampling=lambda: None,
+        )
+        self.model_runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
+            model=None, model_config=scheduler.model_config, req_to_token_pool=cut.req_pool,
+            max_running_requests=self.max_running_requests, device=config.device,
+        )
+
+    def get_memory_pool(self):
+        return self.owner.cut.req_pool, self.owner.cut.kv
+
+    def init_attention_backends(self) -> None:
+        """No attention kernels: the forward pass writes digests."""
+
+    def init_cuda_graphs(self) -> None:
+        """No CUDA graphs on the stand-in."""
+
+    def get_pad_input_ids_func(self) -> None:
+        return None
+
+    def get_worker_info(self) -> tuple:
+        """`TpModelWorker.get_worker_info`'s 12-tuple, sized from the cache under test's pools."""
+        config, sched = self.owner.config, self.owner.scheduler_config
+        max_req_len = min(config.max_context_len - 1, config.kv_size - 1)
+        return (
+            config.kv_size, sched.max_prefill_tokens, self.max_running_requests, None, max_req_len,
+            max_req_len - 5, 0, config.device, self.model_runner.forward_stream,
+            self.owner.cut.req_pool.size, self.owner.cut.req_pool.max_context_len, config.kv_size,
+        )
+
+    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """Compute each request's new positions (their KV slots get the digests of their
+        prefixes, its Mamba state that of all it has processed), after the deferred Mamba
+        clears and copies-on-write as `ModelRunner` makes them; returns the tokens the program chose for this turn."""
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        cut, extend = self.owner.cut, batch.forward_mode.is_extend()
+        chosen = self.owner.sampled
+        next_tokens = []
+        if extend:
+            self._deferred_mamba_cow_and_clear(batch)
+        for i, req in enumerate(batch.reqs):
+            tokens = tuple(req.origin_input_ids) + tuple(req.output_ids)
+            start, end = (req.prefix_len, req.extend_end) if extend else (len(tokens) - 1, len(tokens))
+            slot = cut.mamba_slot_of(req)
+            if start > 0:
+                self._check_resumed_state(req, tokens, start, slot)
+            if end > start:
+                values = digest.digests(req.extra_key, tokens[:end])
+                row = cut.req_pool.req_to_token[req.kv.req_pool_idx, start:end].tolist()
+                cut.write_kv(row, values[start:end])
+                cut.write_state(slot, values[end - 1])
+            next_tokens.append(chosen[i % len(chosen)] if chosen else 0)
+        return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
+
+    def _deferred_mamba_cow_and_clear(self, batch: Any) -> None:
+        """What `ModelRunner` does before an extend (0.5.23's `model_runner.py`): zero the fresh
+        slots the batch collected (`mamba_clear_indices`), copy each matched state into its
+        request's slot (`mamba_cow_src_indices` -> `mamba_cow_dst_indices`)."""
+        pool = self.owner.cut.req_pool
+        clear = getattr(batch, "mamba_clear_indices", None)
+        if clear is not None and len(clear) > 0:
+            pool.mamba_pool.clear_slots(pool.translate_mamba_indices(clear))
+        src = getattr(batch, "mamba_cow_src_indices", None)
+        if src is not None and len(src) > 0:
+            pool.copy_mamba_state(pool.translate_mamba_indices(src), pool.translate_mamba_indices(batch.mamba_cow_dst_indices))
+
+    def _check_resumed_state(self, req: Any, tokens: tuple, start: int, slot: Optional[int]) -> None:
+        want = digest.digest(req.extra_key, tokens[:start])
+        got = None if slot is None else self.owner.cut.state_digests()[slot]
+        if got != want:
+            raise InvariantViolation(
+                "meaning",
+                f"forward pass of request {req.rid}: it resumes after {start} tokens from Mamba slot {slot}, "
+                f"which holds {got}, not the digest of {list(tokens[:start])} ({want})",
+                "resumed Mamba state",
+            )
+
+
+def _named_checker_class(base: type) -> type:
+    """`base` with each of `CHECKER_METHODS` raising `InvariantViolation("sglang_self_check")`
+    where it raised an `AssertionError` or a `ValueError`."""
+
+    def named(name: str) -> Any:
+        method = getattr(base, name)
+
+        def check(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except InvariantViolation:
+                raise
+            except (AssertionError, ValueError) as exc:
+                raise InvariantViolation("sglang_self_check", f"{name}: {exc}", normalize(str(exc))) from exc
+
+        return check
+
+    return type(f"Named{base.__name__}", (base,), {"__slots__": (), **{name: named(name) for name in CHECKER_METHODS}})
+
+
+class RealScheduler:
+    """SGLang 0.5.23's `Scheduler` over a cache under test (an `SglangUnifiedCache`), built once;
+    `arrive`, `abort` and `flush` send what the tokenizer would, `turn` runs one turn of
+    `event_loop_normal` (see the module docstring)."""
+
+    def __init__(self, cut: Any, config: CacheConfig, scheduler_config: SchedulerConfig = SchedulerConfig()):
+        if scheduler_config.disaggregation_mode != "null":
+            raise ValueError(f"the real scheduler runs disaggregation_mode 'null' only, got {scheduler_config.disaggregation_mode!r}")
+        os.environ.update(STRICT_CHECKS)
+        load_sglang()
+        import zmq
+        import sglang.srt.managers.scheduler as scheduler_module
+        from sglang.srt import runtime_context
+        from sglang.srt.distributed import bootstrap
+        from sglang.srt.managers import io_struct
+        from sglang.srt.managers.scheduler_components.ipc_channels import SchedulerIpcChannels
+        from sglang.srt.managers.scheduler_components.output_sender import SenderWrapper
+        from sglang.srt.mem_cache import registry
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.server_args import PortArgs, ServerArgs
+
+        self.cut, self.config, self.scheduler_config = cut, config, scheduler_config
+        self.io, self.SamplingParams = io_struct, SamplingParams
+        self.sampled: List[int] = []
+        self.inbox = Inbox(io_struct, zmq)
+        registry.register_radix_cache_backend(BACKEND, lambda context: self.cut.cache)
+        bootstrap._bind_threads_if_cpu = lambda device: None  # NUMA pinning would pin the whole harness
+        self._model_dir = tiny_hybrid_config(tempfile.mkdtemp(prefix="harness-model-"), config.max_context_len, scheduler_config.eos_token_id)
+        chunk = scheduler_config.chunked_prefill_size
+        server_args = ServerArgs(
+            model_path=self._model_dir, device=config.device, skip_tokenizer_init=True, load_format="dummy",
+            disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer", page_size=config.page_size,
+            max_running_requests=scheduler_config.max_running_requests or config.req_size,
+            max_total_tokens=config.kv_size, chunked_prefill_size=-1 if chunk is None else chunk,
+            max_prefill_tokens=scheduler_config.max_prefill_tokens, schedule_policy=scheduler_config.schedule_policy,
+            schedule_conservativeness=scheduler_config.schedule_conservativeness, disable_cuda_graph=True,
+            radix_cache_backend=BACKEND, context_length=config.max_context_len,
+        )
+        port_args = PortArgs.init_new(server_args)
+        runtime_context.publish(server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+        owner, inbox = self, self.inbox
+
+        class HarnessScheduler(scheduler_module.Scheduler):
+            def init_ipc_channels(self, port_args: Any) -> None:
+                empty = Inbox(io_struct, zmq)
+                self.ipc_channels = SchedulerIpcChannels(
+                    recv_from_tokenizer=inbox, recv_from_rpc=empty, send_to_tokenizer=SenderWrapper(None),
+                    send_to_detokenizer=SenderWrapper(None), send_metrics_from_scheduler=None,
+                )
+                self.recv_from_tokenizer = inbox
+                self.load_snapshot_writer = None
+
+            def init_tp_model_worker(self) -> None:
+                self.tp_worker = StandInWorker(owner, self)
+
+            def ingest_requests(self, stop_at_pause: bool = False) -> List:
+                owner._ingests += 1
+                if owner._ingests > 1:
+                    raise TurnEnd()
+                return super().ingest_requests(stop_at_pause)
+
+        self._ingests = 0
+        self.scheduler = HarnessScheduler(server_args, port_args)
+        self._name_checker_failures()
+
+    def _name_checker_failures(self) -> None:
+        """A raise from SGLang's invariant checker is the check `sglang_self_check` (its class is
+        slotted: the instance moves to a subclass whose entry points name the failure)."""
+        checker = self.scheduler.invariant_checker
+        checker.__class__ = _named_checker_class(type(checker))
+
+    # ----- what the tokenizer sends -----------------------------------------------------------
+
+    def arrive(self, rid: str, tokens: Sequence[int], extra_key: Optional[str], max_new_tokens: int) -> None:
+        """A `TokenizedGenerateReqInput`, received at once (the loop's next ingest would), its
+        sampling parameters normalized as the tokenizer manager normalizes them (no tokenizer)."""
+        sampling = self.SamplingParams(max_new_tokens=max_new_tokens)
+        sampling.normalize(None)
+        self._send(self.io.TokenizedGenerateReqInput(
+            rid=rid, input_text="", input_ids=array("q", tokens), mm_inputs=None, token_type_ids=None,
+            sampling_params=sampling, return_logprob=False,
+            logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, stream=False, input_embeds=None,
+            extra_key=extra_key,
+        ))
+
+    def abort(self, rid: str) -> None:
+        self._send(self.io.AbortReq(rid=rid))
+
+    def flush(self) -> None:
+        self._send(self.io.FlushCacheReqInput())
+
+    def _send(self, message: Any) -> None:
+        self.inbox.queue.append(message)
+        self._ingests = 0
+        self.scheduler.ingest_requests()
+
+    # ----- the event loop ---------------------------------------------------------------------
+
+    def turn(self, sampled: Sequence[int] = ()) -> None:
+        """One turn of `event_loop_normal`: the forward pass samples `sampled[i % len]` for the
+        i-th request of its batch (0 when empty)."""
+        self.sampled = list(sampled)
+        self._ingests = 0
+        try:
+            self.scheduler.event_loop_normal()
+        except TurnEnd:
+            pass
+
+    # ----- reading the scheduler between turns ------------------------------------------------
+
+    def live_requests(self) -> List[Any]:
+        """The scheduler's requests not yet released: waiting, running, being chunked, or in the
+        last prefill batch not yet merged, each once."""
+        s = self.scheduler
+        found: Dict[int, Any] = {}
+        batches = [s.running_batch, s.last_batch]
+        candidates = list(s.waiting_queue) + [r for b in batches if b is not None for r in b.reqs]
+        if s.chunked_req is not None:
+            candidates.append(s.chunked_req)
+        for req in candidates:
+            if not (req.finished() and req.kv.is_kv_released and not req.kv.holds_mamba):
+                found.setdefault(id(req), req)
+        return list(found.values())
