@@ -10,7 +10,7 @@ operation and names the offending field; the driver records and replays operatio
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Sequence
 
 TOKENS, NONEMPTY_TOKENS, COUNT, FLAG, EXTRA_KEY = "tokens", "nonempty tokens", "count", "flag", "extra key"
 
@@ -30,6 +30,12 @@ OPERATIONS: Dict[str, Dict[str, str]] = {
     "cow_match": {"tokens": NONEMPTY_TOKENS, "extra_key": EXTRA_KEY, "own_slot": FLAG},
     "req_slots": {"count": COUNT},
 }
+
+
+def sampled_token(tokens: Sequence[int], i: int) -> int:
+    """The token the forward pass samples for the i-th request of a batch, from an `iterate`'s
+    `tokens` (0 when there are none)."""
+    return tokens[i % len(tokens)] if tokens else 0
 
 
 class OperationError(ValueError):

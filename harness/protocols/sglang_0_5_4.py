@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from harness.checks.violation import never
+from harness.operations import sampled_token
 from harness.pairing import ReleaseRaised, Request
 from harness.protocols.base import SchedulerProtocol
 
@@ -421,7 +422,7 @@ class Sglang054Scheduler(SchedulerProtocol):
             if req.is_chunked > 0:
                 req.is_chunked -= 1
                 continue
-            self.caches.append_output(req, _sample(tokens, i))
+            self.caches.append_output(req, sampled_token(tokens, i))
             self._check_finished(req)
             if req.finished is not None:
                 self.on_event("finish at the end of prefill")
@@ -502,7 +503,7 @@ class Sglang054Scheduler(SchedulerProtocol):
         the tree (`cache_finished_req`), its frees grouped until the batch is done."""
         self.caches.free_group_begin()
         for i, req in enumerate(batch):
-            self.caches.append_output(req, _sample(tokens, i))
+            self.caches.append_output(req, sampled_token(tokens, i))
             self._check_finished(req)
             if req.finished is not None:
                 self.on_event("finish after decode")
@@ -531,7 +532,7 @@ class Sglang054Scheduler(SchedulerProtocol):
             if req.is_chunked > 0:
                 req.is_chunked -= 1
                 continue
-            self.caches.append_output(req, _sample(tokens, i))
+            self.caches.append_output(req, sampled_token(tokens, i))
             self.caches.cache_unfinished_req(req)
             self.inflight.append(req)
 
@@ -576,8 +577,3 @@ class Sglang054Scheduler(SchedulerProtocol):
         except Exception as exc:
             if not self.tolerate("idle check", f"sanity_check: {exc}"):
                 raise ReleaseRaised(type(exc).__name__, f"sanity_check: {exc}") from exc
-
-
-def _sample(tokens: Sequence[int], i: int) -> int:
-    """The token the forward pass samples for the i-th request of a batch."""
-    return tokens[i % len(tokens)] if tokens else 0

@@ -37,6 +37,7 @@ import torch
 from harness import digest
 from harness.caches.sglang_loader import load_sglang
 from harness.checks.violation import InvariantViolation
+from harness.operations import sampled_token
 from harness.signature import normalize
 from strategies.config import CacheConfig, SchedulerConfig
 
@@ -114,7 +115,6 @@ class StandInWorker:
         self.owner = owner
         self.model_config = scheduler.model_config
         self.graph_time_usage: Dict[str, float] = {}
-        self.max_running_requests = owner.scheduler_config.max_running_requests or config.req_size
         self.model_runner = ModelRunnerStandIn(
             token_to_kv_pool=SimpleNamespace(size=config.kv_size, post_capture_active=False),
             mtp_draft_device_pools=(), mtp_draft_mamba_pools=(), model_config=scheduler.model_config,
@@ -124,7 +124,7 @@ class StandInWorker:
         )
         self.model_runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
             model=None, model_config=scheduler.model_config, req_to_token_pool=cut.req_pool,
-            max_running_requests=self.max_running_requests, device=config.device,
+            max_running_requests=owner.max_running_requests, device=config.device,
         )
 
     def get_memory_pool(self):
@@ -144,7 +144,7 @@ class StandInWorker:
         config, sched = self.owner.config, self.owner.scheduler_config
         max_req_len = min(config.max_context_len - 1, config.kv_size - 1)
         return (
-            config.kv_size, sched.max_prefill_tokens, self.max_running_requests, None, max_req_len,
+            config.kv_size, sched.max_prefill_tokens, self.owner.max_running_requests, None, max_req_len,
             max_req_len - 5, 0, config.device, self.model_runner.forward_stream,
             self.owner.cut.req_pool.size, self.owner.cut.req_pool.max_context_len, config.kv_size,
         )
@@ -152,26 +152,30 @@ class StandInWorker:
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         """Compute each request's new positions (their KV slots get the digests of their
         prefixes, its Mamba state that of all it has processed), after the deferred Mamba
-        clears and copies-on-write as `ModelRunner` makes them; returns the tokens the program chose for this turn."""
+        clears and copies-on-write as `ModelRunner` makes them; returns the tokens the program
+        chose for this turn. A resumed state is read as the batch found it, before any write."""
         from sglang.srt.managers.utils import GenerationBatchResult
 
         cut, extend = self.owner.cut, batch.forward_mode.is_extend()
-        chosen = self.owner.sampled
-        next_tokens = []
         if extend:
             self._deferred_mamba_cow_and_clear(batch)
-        for i, req in enumerate(batch.reqs):
+        computed = []
+        for req in batch.reqs:
             tokens = tuple(req.origin_input_ids) + tuple(req.output_ids)
             start, end = (req.prefix_len, req.extend_end) if extend else (len(tokens) - 1, len(tokens))
-            slot = cut.mamba_slot_of(req)
-            if start > 0:
-                self._check_resumed_state(req, tokens, start, slot)
+            computed.append((req, tokens, start, end, cut.mamba_slot_of(req)))
+        if any(start > 0 for _, _, start, _, _ in computed):
+            states = cut.state_digests()
+            for req, tokens, start, _, slot in computed:
+                if start > 0:
+                    self._check_resumed_state(req, tokens, start, slot, states)
+        for req, tokens, start, end, slot in computed:
             if end > start:
                 values = digest.digests(req.extra_key, tokens[:end])
                 row = cut.req_pool.req_to_token[req.kv.req_pool_idx, start:end].tolist()
                 cut.write_kv(row, values[start:end])
                 cut.write_state(slot, values[end - 1])
-            next_tokens.append(chosen[i % len(chosen)] if chosen else 0)
+        next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
         return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
 
     def _deferred_mamba_cow_and_clear(self, batch: Any) -> None:
@@ -186,9 +190,11 @@ class StandInWorker:
         if src is not None and len(src) > 0:
             pool.copy_mamba_state(pool.translate_mamba_indices(src), pool.translate_mamba_indices(batch.mamba_cow_dst_indices))
 
-    def _check_resumed_state(self, req: Any, tokens: tuple, start: int, slot: Optional[int]) -> None:
+    def _check_resumed_state(self, req: Any, tokens: tuple, start: int, slot: Optional[int], states: List[Optional[int]]) -> None:
+        """The state request `req` resumes from (`states`: the digest each slot holds) is that
+        of its first `start` tokens."""
         want = digest.digest(req.extra_key, tokens[:start])
-        got = None if slot is None else self.owner.cut.state_digests()[slot]
+        got = None if slot is None else states[slot]
         if got != want:
             raise InvariantViolation(
                 "meaning",
@@ -245,12 +251,13 @@ class RealScheduler:
         self.inbox = Inbox(io_struct, zmq)
         registry.register_radix_cache_backend(BACKEND, lambda context: self.cut.cache)
         bootstrap._bind_threads_if_cpu = lambda device: None  # NUMA pinning would pin the whole harness
-        self._model_dir = tiny_hybrid_config(tempfile.mkdtemp(prefix="harness-model-"), config.max_context_len, scheduler_config.eos_token_id)
+        self._model_dir = tempfile.TemporaryDirectory(prefix="harness-model-")  # removed with the scheduler
+        model_path = tiny_hybrid_config(self._model_dir.name, config.max_context_len, scheduler_config.eos_token_id)
         chunk = scheduler_config.chunked_prefill_size
         server_args = ServerArgs(
-            model_path=self._model_dir, device=config.device, skip_tokenizer_init=True, load_format="dummy",
+            model_path=model_path, device=config.device, skip_tokenizer_init=True, load_format="dummy",
             disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer", page_size=config.page_size,
-            max_running_requests=scheduler_config.max_running_requests or config.req_size,
+            max_running_requests=self.max_running_requests,
             max_total_tokens=config.kv_size, chunked_prefill_size=-1 if chunk is None else chunk,
             max_prefill_tokens=scheduler_config.max_prefill_tokens, schedule_policy=scheduler_config.schedule_policy,
             schedule_conservativeness=scheduler_config.schedule_conservativeness, disable_cuda_graph=True,
@@ -282,6 +289,11 @@ class RealScheduler:
         self._ingests = 0
         self.scheduler = HarnessScheduler(server_args, port_args)
         self._name_checker_failures()
+
+    @property
+    def max_running_requests(self) -> int:
+        """The server's `--max-running-requests`: the setting's, else the request pool's size."""
+        return self.scheduler_config.max_running_requests or self.config.req_size
 
     def _name_checker_failures(self) -> None:
         """A raise from SGLang's invariant checker is the check `sglang_self_check` (its class is
