@@ -20,6 +20,8 @@ from harness.caches.base import storage_of
 from harness.checks import (
     OUTSIDE_CHECKS,
     STRUCTURAL_CHECKS,
+    UNPAIRED_CHECKS,
+    UNPAIRED_OUTSIDE_CHECKS,
     NodeReclamation,
     index_types,
     own_storage,
@@ -105,7 +107,11 @@ class Driver:
         self.scheduler = scheduler
         self.on_event = on_event
         self._passed_over: Set[Tuple[str, str]] = set()  # (check, what) set aside so far in this program
-        self.cut = cache_factory(config)
+        if protocol is None:
+            self.cut = cache_factory(config)
+            protocol = self.cut.default_protocol
+        else:
+            self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
         self.set_aside = set_aside.for_release(self.cut.release)
         self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules)
         unknown = set(checks) - CHECKS
@@ -115,7 +121,7 @@ class Driver:
         self.caches = PairedCaches(
             self.cut, self.model, on_event, check_meaning="meaning" in on, overwrite_handed="handed_tensors" in on
         )
-        self.protocol_name = protocol or self.cut.default_protocol
+        self.protocol_name = protocol
         self.protocol = protocol_class(self.protocol_name)(self.caches, config, scheduler, on_event, self.tolerate)
         self.operations: List[Dict[str, Any]] = []
         self.reclamation = NodeReclamation()
@@ -151,13 +157,17 @@ class Driver:
         """Every check (of `checks`), recomputed from the cache under test's state."""
         cut, on = self.cut, self.checks
         snap = cut.snapshot()
-        readable = snap.nodes is not None
+        readable, paired = snap.nodes is not None, self.protocol.paired
         if "structure" in on:
-            for check in STRUCTURAL_CHECKS if readable else OUTSIDE_CHECKS:
+            if paired:
+                structural = STRUCTURAL_CHECKS if readable else OUTSIDE_CHECKS
+            else:
+                structural = UNPAIRED_CHECKS if readable else UNPAIRED_OUTSIDE_CHECKS
+            for check in structural:
                 check(snap, self.model)
         holdings = self.protocol.holdings()
         if "pool_conservation" in on:
-            pool_conservation(snap, self.model, holdings)
+            pool_conservation(snap, self.model, holdings, free_order=paired)
         if "meaning" in on:
             kv_data, states = cut.kv_data(), cut.state_digests()
             if readable:

@@ -190,7 +190,7 @@ class PairedCaches:
             raise Divergence(call, "running out of Mamba slots", f"none left ({cut_exhausted})", "a slot")
         return got, want
 
-    def _digests(self, extra_key: Optional[str], tokens: Tuple[int, ...], start: int) -> List[int]:
+    def record_digests(self, extra_key: Optional[str], tokens: Tuple[int, ...], start: int) -> List[int]:
         """The digest of every prefix of `tokens`; those from position `start` on, which a
         forward pass is about to write, are remembered for `name_digest`."""
         values = digest.digests(extra_key, tokens)
@@ -476,7 +476,7 @@ class PairedCaches:
             self.check_state(f"forward pass of request {req.rid}", req, "before resuming")
         if end <= start:
             return
-        values = self._digests(req.extra_key, tokens[:end], start)
+        values = self.record_digests(req.extra_key, tokens[:end], start)
         row = self.cut.req_rows(end)[self.cut.req_slot_of(req.cut)]
         self.cut.write_kv(row[start:end], values[start:end])
         self.cut.write_state(self.cut.mamba_slot_of(req.cut), values[end - 1])
@@ -542,7 +542,7 @@ class PairedCaches:
 
     def compute(self, extra_key: Optional[str], tokens: Sequence[int], kv: Sequence[int], mamba: int) -> None:
         """What a forward pass over `tokens` from nothing writes: their KV slots and a state."""
-        values = self._digests(extra_key, tuple(tokens), 0)
+        values = self.record_digests(extra_key, tuple(tokens), 0)
         self.cut.write_kv(kv, values)
         self.cut.write_state(mamba, values[-1])
 

@@ -252,6 +252,19 @@ class CacheUnderTest:
         for state in self.mamba_tensors():
             state.index_copy_(1, index, digest.state_values(value, state).unsqueeze(1))
 
+    def wipe_data(self) -> None:
+        """Every KV slot's data and every Mamba state back to zero, as a fresh build holds them
+        (a cache reused for the next program then remembers nothing computed for the last)."""
+        slots = len(self.kv_data())
+        self.write_kv(range(slots), [0] * slots)
+        for state in self.mamba_tensors():
+            state.zero_()
+
+    def all_free(self) -> bool:
+        """Whether every KV, Mamba and request slot is on its free list."""
+        c = self.config
+        return (self.kv_available(), self.mamba_available(), self.req_available()) == (c.kv_size, c.mamba_size, c.req_size)
+
     def state_digests(self) -> List[Optional[int]]:
         """Per Mamba slot (0 up to the last one the pool hands out): the digest its states hold
         if every layer of every state tensor holds the same one, else None."""

@@ -67,7 +67,7 @@ class SglangUnifiedCache(Sglang0520Cache):
 
     name = "sglang"
     default_protocol = "unified"
-    protocols = ("unified", "unified-0.5.20")
+    protocols = ("unified", "unified-0.5.20", "scheduler")
     rules = SGLANG_UNIFIED
     tree_core = "python"
     # the tree's own self-check, called as the release's scheduler calls it

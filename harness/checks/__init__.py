@@ -16,6 +16,8 @@ from harness.checks.ownership import index_types, own_storage, pool_index_types
 from harness.checks.structure import (
     OUTSIDE_CHECKS,
     STRUCTURAL_CHECKS,
+    UNPAIRED_CHECKS,
+    UNPAIRED_OUTSIDE_CHECKS,
     lock_rules,
     lru_lists,
     no_tombstone_leaf,
@@ -41,6 +43,8 @@ __all__ = [
     "TOLERABLE_CHECKS",
     "OUTSIDE_CHECKS",
     "STRUCTURAL_CHECKS",
+    "UNPAIRED_CHECKS",
+    "UNPAIRED_OUTSIDE_CHECKS",
     "InvariantViolation",
     "NodeReclamation",
     "RequestHoldings",

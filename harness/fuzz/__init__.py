@@ -29,6 +29,7 @@ from harness.fuzz.report import build_report, write_report
 from harness.fuzz.rounds import run_single
 from harness.fuzz.stop import StopRequest, stop_on_signals
 from harness.fuzz.workers import run_workers
+from harness.protocols import protocol_class
 
 
 def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
@@ -36,11 +37,14 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     SIGTERM stops it between rounds, with its report (`interrupted` names the signal)."""
     options.check()
     factory = cache_factory(options.impl)
-    protocol = options.protocol or cache_class(factory).default_protocol
+    protocol = protocol_class(options.protocol or cache_class(factory).default_protocol)
+    against = "against the model" if protocol.paired else "with the checks that need no model"
     out.write(
-        f"fuzz: {options.engine} engine, {options.impl} under the {protocol} scheduler against the model on "
+        f"fuzz: {options.engine} engine, {options.impl} under {protocol.title()} {against} on "
         f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
     )
+    if options.left_out:
+        out.write(f"fuzz: left out {options.left_out}: {protocol.title()} runs disaggregation modes {list(protocol.disaggregation_modes)} only\n")
     if options.impl.startswith("sglang"):
         from harness.caches.sglang_loader import development_note
 

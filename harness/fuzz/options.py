@@ -39,6 +39,8 @@ class FuzzOptions:
     trace_dir: str = field(default_factory=lambda: os.environ.get("HARNESS_TRACE_DIR") or PENDING_DIR)
     # known findings (`all`: every one of the release), failure signatures and trace files to set aside
     set_aside: List[str] = field(default_factory=list)
+    # configurations `check` took out of `configs`: their settings are none the protocol runs
+    left_out: List[str] = field(default_factory=list)
 
     def known_findings(self) -> SetAside:
         """What this run sets aside from the start (names checked against the release under test,
@@ -66,10 +68,19 @@ class FuzzOptions:
         except TraceError as exc:
             raise ValueError(f"--set-aside: {exc}") from None
         if self.protocol is not None:
-            protocol_class(self.protocol)
+            self._leave_out_unrunnable(protocol_class(self.protocol))
         check_device(self.device)
         if self.engine == "hypothesis":
             check_database(self.db)
         if self.report:
             check_output_file("--report", self.report)
         check_output_dir("--trace-dir", self.trace_dir)
+
+    def _leave_out_unrunnable(self, protocol: type) -> None:
+        """Take out of `configs` those whose settings the protocol cannot run (a disaggregation
+        mode it lacks); ValueError when none is left."""
+        runnable = [c for c in self.configs if set(SCENARIOS[c].disaggregation) & set(protocol.disaggregation_modes)]
+        self.left_out = [c for c in self.configs if c not in runnable]
+        if not runnable:
+            raise ValueError(f"--config: {protocol.title()} runs none of {self.configs} (it runs disaggregation modes {list(protocol.disaggregation_modes)})")
+        self.configs = runnable

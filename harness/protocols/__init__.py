@@ -6,6 +6,8 @@
   unified         the contract's calls as the scheduler of the unified-cache era makes them
                   (`unified`: a chunked request keeps its row between chunks);
   unified-0.5.20  the same with 0.5.20's room for three Mamba states per admitted request
+  scheduler       the release's own `Scheduler`, built with a stand-in model worker
+                  (`scheduler`, `harness.real_scheduler`): SGLang 0.5.23
 
 `docs/scheduler-protocol.md` maps each release's call sites to the methods that make them.
 """
@@ -16,11 +18,12 @@ from typing import Dict
 
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.contract import ContractScheduler
+from harness.protocols.scheduler import RealSchedulerProtocol
 from harness.protocols.sglang_0_5_4 import Sglang054Scheduler
 from harness.protocols.unified import Unified0520Scheduler, UnifiedScheduler
 
 PROTOCOLS: Dict[str, type] = {
-    cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler, UnifiedScheduler, Unified0520Scheduler)
+    cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler, UnifiedScheduler, Unified0520Scheduler, RealSchedulerProtocol)
 }
 
 
@@ -32,4 +35,4 @@ def protocol_class(name: str) -> type:
         raise ValueError(f"--protocol must be one of {sorted(PROTOCOLS)}, got {name!r}") from None
 
 
-__all__ = ["PROTOCOLS", "ContractScheduler", "SchedulerProtocol", "Sglang054Scheduler", "Unified0520Scheduler", "UnifiedScheduler", "protocol_class"]
+__all__ = ["PROTOCOLS", "ContractScheduler", "RealSchedulerProtocol", "SchedulerProtocol", "Sglang054Scheduler", "Unified0520Scheduler", "UnifiedScheduler", "protocol_class"]

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, Tuple
 
+from harness.caches.base import CacheUnderTest
 from harness.checks.memory import RequestHoldings
 from harness.checks.violation import Tolerate, never
 from harness.operations import OperationError
 from harness.pairing import PairedCaches, Request
-from strategies.config import CacheConfig, SchedulerConfig
+from strategies.config import DISAGGREGATION_MODES, CacheConfig, SchedulerConfig
 
 
 class SchedulerProtocol:
@@ -26,6 +27,21 @@ class SchedulerProtocol:
     name = "abstract"
     # the operations this protocol accepts (a subset of `harness.operations.OPERATIONS`)
     operations: Tuple[str, ...] = ()
+    # whether every call it makes is made on the reference model too (`PairedCaches`): the
+    # checks that compare the cache with the model run only then
+    paired = True
+    # the server's disaggregation modes it runs (`SchedulerConfig.disaggregation_mode`)
+    disaggregation_modes: Tuple[str, ...] = DISAGGREGATION_MODES
+
+    @classmethod
+    def title(cls) -> str:
+        """What it is, in a fuzz's first line."""
+        return f"the {cls.name} scheduler"
+
+    @classmethod
+    def cache_for(cls, cache_factory: Callable[[CacheConfig], CacheUnderTest], config: CacheConfig, scheduler: SchedulerConfig) -> CacheUnderTest:
+        """The cache under test a program under this protocol runs on: a new one."""
+        return cache_factory(config)
 
     def __init__(
         self,

@@ -30,7 +30,7 @@ import os
 import tempfile
 from array import array
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -67,6 +67,25 @@ def tiny_hybrid_config(directory: str, context_len: int, eos_token_id: int) -> s
     with open(os.path.join(directory, "config.json"), "w") as out:
         json.dump(config, out)
     return directory
+
+
+# the cache under test of the scheduler being built: what the radix cache backend hands it
+_BUILDING: Dict[str, Any] = {}
+_BUILT_BEFORE: List[bool] = []  # whether a scheduler was built in this process before
+
+
+class Computed(NamedTuple):
+    """What the stand-in forward pass last computed for a request: positions `[0, length)` of
+    the row in request slot `req_slot`, and the state in Mamba slot `mamba_slot`, that of its
+    first `length` tokens."""
+
+    req_slot: int
+    mamba_slot: Optional[int]
+    length: int
+
+
+def _digests(extra_key: Optional[str], tokens: Sequence[int], start: int) -> List[int]:
+    return digest.digests(extra_key, tuple(tokens))
 
 
 class TurnEnd(Exception):
@@ -171,10 +190,11 @@ class StandInWorker:
                     self._check_resumed_state(req, tokens, start, slot, states)
         for req, tokens, start, end, slot in computed:
             if end > start:
-                values = digest.digests(req.extra_key, tokens[:end])
+                values = self.owner.record_digests(req.extra_key, tokens[:end], start)
                 row = cut.req_pool.req_to_token[req.kv.req_pool_idx, start:end].tolist()
                 cut.write_kv(row, values[start:end])
                 cut.write_state(slot, values[end - 1])
+            self.owner.computed[req.rid] = Computed(req.kv.req_pool_idx, slot, max(end, start))
         next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
         return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
 
@@ -248,8 +268,20 @@ class RealScheduler:
         self.cut, self.config, self.scheduler_config = cut, config, scheduler_config
         self.io, self.SamplingParams = io_struct, SamplingParams
         self.sampled: List[int] = []
+        self.computed: Dict[str, Computed] = {}  # per rid, what the forward pass last computed
+        # the digest of every prefix of a request's tokens, those from a position on about to be
+        # written (a protocol records what they are of: `PairedCaches.record_digests`)
+        self.record_digests: Callable[[Optional[str], Sequence[int], int], List[int]] = _digests
         self.inbox = Inbox(io_struct, zmq)
-        registry.register_radix_cache_backend(BACKEND, lambda context: self.cut.cache)
+        if BACKEND not in registry.registered_radix_cache_backends():  # once per process
+            registry.register_radix_cache_backend(BACKEND, lambda context: _BUILDING["cut"].cache)
+        _BUILDING["cut"] = cut
+        if _BUILT_BEFORE:  # the process groups are built once per build: the last one's go first
+            from sglang.srt.distributed import parallel_state
+
+            parallel_state.destroy_model_parallel()
+            parallel_state.destroy_distributed_environment()
+        _BUILT_BEFORE.append(True)
         bootstrap._bind_threads_if_cpu = lambda device: None  # NUMA pinning would pin the whole harness
         self._model_dir = tempfile.TemporaryDirectory(prefix="harness-model-")  # removed with the scheduler
         model_path = tiny_hybrid_config(self._model_dir.name, config.max_context_len, scheduler_config.eos_token_id)
@@ -287,7 +319,10 @@ class RealScheduler:
                 return super().ingest_requests(stop_at_pause)
 
         self._ingests = 0
-        self.scheduler = HarnessScheduler(server_args, port_args)
+        try:
+            self.scheduler = HarnessScheduler(server_args, port_args)
+        finally:
+            del _BUILDING["cut"]
         self._name_checker_failures()
 
     @property
@@ -338,11 +373,33 @@ class RealScheduler:
         except TurnEnd:
             pass
 
+    def restart_counters(self) -> None:
+        """What a fresh build starts from, for the next program: the scheduler's new-token
+        ratio and forward count, and no record of what the forward pass computed."""
+        self.scheduler.new_token_ratio_tracker.reset()
+        self.scheduler.forward_ct = 0
+        self.computed.clear()
+
     # ----- reading the scheduler between turns ------------------------------------------------
+
+    def computed_len(self, req: Any) -> int:
+        """How many positions of the request's row the forward pass computed (0 for a row it
+        has not computed in since the request took it)."""
+        done = self.computed.get(req.rid)
+        return done.length if done is not None and done.req_slot == req.kv.req_pool_idx else 0
+
+    def state_len(self, req: Any) -> Optional[int]:
+        """How many tokens the request's Mamba state was computed from, when the forward pass
+        computed it in the slot the request holds now (None: it cannot say)."""
+        done = self.computed.get(req.rid)
+        slot = self.cut.mamba_slot_of(req)
+        return done.length if done is not None and slot is not None and done.mamba_slot == slot else None
 
     def live_requests(self) -> List[Any]:
         """The scheduler's requests not yet released: waiting, running, being chunked, or in the
-        last prefill batch not yet merged, each once."""
+        last prefill batch not yet merged, each once. A finished request whose KV is released
+        holds nothing (the `mamba_pool_idx` it keeps names the slot it gave the tree), though it
+        stays in the running batch until the next turn filters it out."""
         s = self.scheduler
         found: Dict[int, Any] = {}
         batches = [s.running_batch, s.last_batch]
@@ -350,6 +407,6 @@ class RealScheduler:
         if s.chunked_req is not None:
             candidates.append(s.chunked_req)
         for req in candidates:
-            if not (req.finished() and req.kv.is_kv_released and not req.kv.holds_mamba):
+            if not (req.finished() and req.kv.is_kv_released):
                 found.setdefault(id(req), req)
         return list(found.values())

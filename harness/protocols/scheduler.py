@@ -1,0 +1,207 @@
+"""`RealSchedulerProtocol` (`--protocol scheduler`): the release's own `Scheduler`, not a
+transcription of it (`harness.real_scheduler`).
+
+Each operation is what the tokenizer or the server sends, through the scheduler's receive
+socket, or one turn of its event loop:
+
+  arrive    a `TokenizedGenerateReqInput` (rid: the protocol's next number)
+  iterate   one turn of `event_loop_normal`; the forward pass samples `tokens[i % len]` for the
+            i-th request of its batch (no disaggregation: `transferred` must be 0)
+  abort     an `AbortReq` for a live request
+  flush     a `FlushCacheReqInput`
+
+Between operations the checks read the cache, the pools and the scheduler's requests as they
+are: what each live request owns is read from SGLang's own `Req` (its row
+`[cache_protected_len, kv_allocated_len)`, its Mamba slot, its request slot), and what it has
+computed from the stand-in forward pass's own record, never from SGLang's bookkeeping.
+
+The calls the scheduler makes are not mirrored into the reference model (`paired = False`): the
+checks that hold whatever the model says run (meaning, pool conservation without the free-list
+order, the tree's lock rules, LRU links and size counters, tensor ownership, node reclamation)
+and SGLang's invariant checker runs strict where the scheduler runs it.
+
+The scheduler is built once per process and configuration (`Runtimes`) and reset between
+programs as a server would be: every live request aborted, turns until none is left, a cache
+flush, then the scheduler's per-run counters and the pools' data as a fresh build has them. A
+scheduler that does not come back idle is built anew.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from harness.caches.base import CacheUnderTest
+from harness.checks.memory import RequestHoldings
+from harness.checks.violation import never
+from harness.operations import OperationError
+from harness.protocols.base import SchedulerProtocol
+from strategies.config import CacheConfig, SchedulerConfig
+
+# turns a reset waits for aborted requests to leave the scheduler before building it anew
+RESET_TURNS = 8
+
+
+@dataclass(eq=False)
+class LiveRequest:
+    """One of the scheduler's requests, as the harness's chooser and checks name it: SGLang's
+    `Req` (`cut`) with its rid as the number the protocol gave it."""
+
+    rid: int
+    origin: Tuple[int, ...]
+    max_new_tokens: int
+    extra_key: Optional[str]
+    cut: Any
+
+    def tokens(self) -> Tuple[int, ...]:
+        return self.origin + tuple(self.cut.output_ids)
+
+
+def _real_scheduler_class(version: str) -> type:
+    """The `RealScheduler` built for SGLang `version`; ValueError naming the releases it is
+    built for otherwise."""
+    if version == "0.5.23":
+        from harness.real_scheduler.sglang_0_5_23 import RealScheduler
+
+        return RealScheduler
+    raise ValueError(f"--protocol scheduler: the release's own scheduler is built for SGLang 0.5.23 only, not {version}")
+
+
+class Runtimes:
+    """The process's real scheduler, over a cache under test built for it: one at a time (each
+    build tears down the process groups the last one set up), kept while programs run on the
+    same cache, configuration and scheduler settings, built anew for another."""
+
+    def __init__(self) -> None:
+        self._key: Optional[Tuple[str, CacheConfig, SchedulerConfig]] = None
+        self._runtime: Any = None
+
+    def ready(self, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> Any:
+        """A real scheduler, idle, with an empty cache and every slot free."""
+        from harness.caches import cache_name, cache_release
+        from harness.caches.sglang_unified import SglangUnifiedCache
+
+        key = (cache_name(cache_factory), config, scheduler)
+        if key == self._key and _reset(self._runtime):
+            return self._runtime
+        self._key = self._runtime = None
+        cut = cache_factory(config)
+        if not isinstance(cut, SglangUnifiedCache):
+            raise ValueError(f"--protocol scheduler drives SGLang's UnifiedRadixCache (--impl sglang-python or sglang-rust), not {cut.name}")
+        self._runtime = _real_scheduler_class(cache_release(cache_factory))(cut, config, scheduler)
+        self._key = key
+        return self._runtime
+
+    def of(self, cut: CacheUnderTest) -> Any:
+        """The scheduler `ready` built over `cut`; ValueError for a cache it did not build
+        (`RealSchedulerProtocol.cache_for` gives the cache a program runs on)."""
+        if self._runtime is None or self._runtime.cut is not cut:
+            raise ValueError(f"{cut.name} was not built for the real scheduler: build it with RealSchedulerProtocol.cache_for")
+        return self._runtime
+
+
+def _reset(runtime: Any) -> bool:
+    """Bring a scheduler back to idle the way a server operator would (abort everything, let it
+    drain, flush), and its counters and the pools' data to a fresh build's; whether it worked."""
+    try:
+        for req in runtime.live_requests():
+            runtime.abort(req.rid)
+        for _ in range(RESET_TURNS):
+            if not runtime.live_requests():
+                break
+            runtime.turn()
+        runtime.flush()
+        runtime.restart_counters()
+        cut = runtime.cut
+        cut.wipe_data()
+        return not runtime.live_requests() and cut.sizes() == (0, 0, 0, 0) and cut.all_free()
+    except Exception:  # a scheduler a failed program left broken: built anew
+        return False
+
+
+RUNTIMES = Runtimes()
+
+
+class RealSchedulerProtocol(SchedulerProtocol):
+    """The release's own scheduler (see the module docstring)."""
+
+    name = "scheduler"
+    operations = ("arrive", "iterate", "abort", "flush")
+    paired = False
+    disaggregation_modes = ("null",)  # the disaggregation bootstrap and transfer queues are not built
+
+    @classmethod
+    def title(cls) -> str:
+        return "the release's own scheduler"
+
+    @classmethod
+    def cache_for(cls, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> CacheUnderTest:
+        """The cache under test of the scheduler this configuration's programs run on."""
+        return RUNTIMES.ready(cache_factory, config, scheduler).cut
+
+    def __init__(self, caches, config, scheduler, on_event, tolerate=never):
+        super().__init__(caches, config, scheduler, on_event, tolerate)
+        self.runtime = RUNTIMES.of(caches.cut)
+        self.runtime.record_digests = caches.record_digests
+        self._requests: Dict[str, LiveRequest] = {}
+
+    # ----- the operations ---------------------------------------------------------------------
+
+    def arrive(self, tokens: List[int], extra_key: Optional[str], max_new_tokens: int) -> None:
+        rid = self.next_rid()
+        self.runtime.arrive(str(rid), tokens, extra_key, max_new_tokens)
+        self._requests[str(rid)] = LiveRequest(rid, tuple(tokens), max_new_tokens, extra_key, None)
+
+    def iterate(self, tokens: List[int], transferred: int) -> None:
+        if transferred:
+            raise OperationError("args.transferred", f"the scheduler runs no disaggregation: nothing is in flight, got {transferred}")
+        self.runtime.turn(tokens)
+
+    def abort(self, rid: int) -> None:
+        self.request(rid, "abort")
+        self.runtime.abort(str(rid))
+
+    def flush(self) -> None:
+        self.runtime.flush()
+
+    # ----- what the harness needs to know ------------------------------------------------------
+
+    def referenced_requests(self) -> List[LiveRequest]:
+        out = []
+        for req in self.runtime.live_requests():
+            view = self._requests.get(req.rid)
+            if view is None:  # a request the harness did not send: a finding of its own
+                raise AssertionError(f"the scheduler holds request {req.rid!r}, which the program never sent")
+            view.cut = req
+            out.append(view)
+        return out
+
+    def live_requests(self) -> List[LiveRequest]:
+        return self.referenced_requests()
+
+    def holdings(self) -> List[RequestHoldings]:
+        """Per live request: the KV slots its row owns (`[cache_protected_len,
+        kv_allocated_len)`), its Mamba and request slots as SGLang's `Req` holds them; the row
+        positions and the state the stand-in forward pass computed for it."""
+        live = self.live_requests()
+        rows = self.caches.cut.req_rows(max((r.cut.kv.kv_allocated_len for r in live), default=0))
+        out = []
+        for r in live:
+            kv = r.cut.kv
+            slot = None if kv.req_pool_idx is None else int(kv.req_pool_idx)
+            computed = self.runtime.computed_len(r.cut) if slot is not None else 0
+            row = () if slot is None else tuple(rows[slot][: kv.kv_allocated_len])
+            mamba = self.caches.cut.mamba_slot_of(r.cut)
+            out.append(
+                RequestHoldings(
+                    rid=r.rid,
+                    kv=row[kv.cache_protected_len :],
+                    mamba=mamba,
+                    req_slot=slot,
+                    extra_key=r.extra_key,
+                    tokens=r.tokens(),
+                    row=row[:computed],
+                    state_len=self.runtime.state_len(r.cut) if mamba is not None else None,
+                )
+            )
+        return out
