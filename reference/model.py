@@ -139,6 +139,7 @@ class ReferenceCache:
         self.mamba_free: List[int] = list(self.mamba_slots)
         self.req_free: List[int] = list(self.req_slots)
         self.kv_group: Optional[List[int]] = None  # frees held back by an open free group
+        self.mamba_group: Optional[List[int]] = None  # Mamba slots an open allocation group holds
         self.clock = 0
         self.events: List[str] = []  # reach labels of the rules that fired, for the harness
 
@@ -439,7 +440,20 @@ class ReferenceCache:
         self.kv_group = None
 
     def mamba_alloc(self, n: int) -> Optional[List[int]]:
+        """rule: a single slot comes from the open allocation group first, while it lasts."""
+        if n == 1 and self.mamba_group:
+            return [self.mamba_group.pop(0)]
         return self._take(self.mamba_free, n)
+
+    def mamba_alloc_group_begin(self, n: int) -> None:
+        """rule (unified 0.5.23): a scheduling pass takes `n` slots off the head at once for the
+        requests it may admit (none when fewer are free)."""
+        self.mamba_group = self._take(self.mamba_free, n) if n > 0 else None
+
+    def mamba_alloc_group_end(self) -> None:
+        """rule: the group's unused slots go back to the tail, in order."""
+        rest, self.mamba_group = self.mamba_group or [], None
+        self.free_mamba(rest)
 
     def free_mamba(self, slots: Sequence[int]) -> None:
         self.mamba_free.extend(slots)
@@ -449,7 +463,7 @@ class ReferenceCache:
         each request without one; all or nothing."""
         need = sum(1 for r in reqs if r.mamba_slot is None)
         fresh = [r for r in reqs if r.req_slot is None]
-        if len(fresh) > len(self.req_free) or need > len(self.mamba_free):
+        if len(fresh) > len(self.req_free) or need > len(self.mamba_free) + len(self.mamba_group or ()):
             return None
         for r in reqs:
             if r.mamba_slot is None:
@@ -537,12 +551,13 @@ class ReferenceCache:
         self.inc_lock(new_last)
         req.prefix, req.last = new_kv, new_last
 
-    def cache_finished_req(self, req: ModelReq, is_insert: bool = True) -> None:
-        """rule: the request's computed tokens (`kv_len`) go in with their KV and the request's
-        own state; the duplicate KV, the request slot, and the state if one already existed are
-        freed, and the lock released. With `is_insert=False` (a retracted or failed request)
-        nothing goes in: all the request's own KV, its request slot and its state are freed."""
-        n = req.kv_len()
+    def cache_finished_req(self, req: ModelReq, is_insert: bool = True, length: Optional[int] = None) -> None:
+        """rule: the request's computed tokens (`kv_len`, or the first `length` when its caller
+        knows how far the forward pass went) go in with their KV and the request's own state;
+        the duplicate KV, the request slot, and the state if one already existed are freed, and
+        the lock released. With `is_insert=False` (a retracted or failed request) nothing goes
+        in: all the request's own KV, its request slot and its state are freed."""
+        n = req.kv_len() if length is None else length
         kv = self._row(req, n)
         if not is_insert:
             self.free_kv(kv[len(req.prefix):])

@@ -113,7 +113,7 @@ def doc(**changes):
         (doc(version=1), r"field 'version': version 1 traces hold direct cache calls from before the scheduler protocols"),
         (doc(config={"kv_size": 0, "mamba_size": 2, "req_size": 1}), r"field 'config': CacheConfig.kv_size must be a positive int, got 0"),
         (doc(scheduler={"schedule_policy": "lifo"}), r"field 'scheduler': SchedulerConfig.schedule_policy must be one of"),
-        (doc(protocol="sglang-9.9"), r"field 'protocol': expected one of \['contract', 'sglang-0.5.4'"),
+        (doc(protocol="sglang-9.9"), r"field 'protocol': expected one of \['contract', 'scheduler', 'sglang-0.5.4'"),
         (doc(set_aside=["no-such-finding"]), r"field 'set_aside': expected a list of known findings"),
         (doc(operations=[{"op": "arrive", "args": {"tokens": [1, "x"], "extra_key": None, "max_new_tokens": 1}}]), r"step 0: field 'args.tokens': expected a list of non-negative ints"),
         (doc(operations=[{"op": "fly", "args": {}}]), r"step 0: field 'op': unknown operation 'fly'"),

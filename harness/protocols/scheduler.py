@@ -36,6 +36,7 @@ from harness.checks.memory import RequestHoldings
 from harness.checks.violation import never
 from harness.operations import OperationError
 from harness.protocols.base import SchedulerProtocol
+from harness.protocols.scheduler_mirror import ModelMirror
 from strategies.config import CacheConfig, SchedulerConfig
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
@@ -89,6 +90,7 @@ class Runtimes:
         if not isinstance(cut, SglangUnifiedCache):
             raise ValueError(f"--protocol scheduler drives SGLang's UnifiedRadixCache (--impl sglang-python or sglang-rust), not {cut.name}")
         self._runtime = _real_scheduler_class(cache_release(cache_factory))(cut, config, scheduler)
+        self._runtime.mirror = ModelMirror(self._runtime)
         self._key = key
         return self._runtime
 
@@ -103,6 +105,7 @@ class Runtimes:
 def _reset(runtime: Any) -> bool:
     """Bring a scheduler back to idle the way a server operator would (abort everything, let it
     drain, flush), and its counters and the pools' data to a fresh build's; whether it worked."""
+    runtime.mirror.attach(None)
     try:
         for req in runtime.live_requests():
             runtime.abort(req.rid)
@@ -127,7 +130,6 @@ class RealSchedulerProtocol(SchedulerProtocol):
 
     name = "scheduler"
     operations = ("arrive", "iterate", "abort", "flush")
-    paired = False
     disaggregation_modes = ("null",)  # the disaggregation bootstrap and transfer queues are not built
 
     @classmethod
@@ -143,6 +145,7 @@ class RealSchedulerProtocol(SchedulerProtocol):
         super().__init__(caches, config, scheduler, on_event, tolerate)
         self.runtime = RUNTIMES.of(caches.cut)
         self.runtime.record_digests = caches.record_digests
+        self.runtime.mirror.attach(caches)
         self._requests: Dict[str, LiveRequest] = {}
 
     # ----- the operations ---------------------------------------------------------------------
