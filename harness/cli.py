@@ -125,7 +125,9 @@ def run_replay(args, out: TextIO) -> int:
         args.impl = impl_name(args.impl or "sglang", args.tree_core)
         factory = cache_factory(args.impl)
         if args.protocol is not None:
-            protocol_class(args.protocol)
+            refusal = protocol_class(args.protocol).refusal(factory)
+            if refusal:
+                raise ValueError(refusal)
         device = replay_device(args.device, trace.config.device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -15,13 +15,11 @@ import gc
 import time
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
-from harness.caches import CacheFactory, ImplCache
+from harness.caches import CacheFactory, ImplCache, default_protocol
 from harness.caches.base import storage_of
 from harness.checks import (
     OUTSIDE_CHECKS,
     STRUCTURAL_CHECKS,
-    UNPAIRED_CHECKS,
-    UNPAIRED_OUTSIDE_CHECKS,
     NodeReclamation,
     index_types,
     own_storage,
@@ -107,11 +105,8 @@ class Driver:
         self.scheduler = scheduler
         self.on_event = on_event
         self._passed_over: Set[Tuple[str, str]] = set()  # (check, what) set aside so far in this program
-        if protocol is None:
-            self.cut = cache_factory(config)
-            protocol = self.cut.default_protocol
-        else:
-            self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
+        protocol = protocol or default_protocol(cache_factory)
+        self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
         self.set_aside = set_aside.for_release(self.cut.release)
         self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules)
         unknown = set(checks) - CHECKS
@@ -157,17 +152,13 @@ class Driver:
         """Every check (of `checks`), recomputed from the cache under test's state."""
         cut, on = self.cut, self.checks
         snap = cut.snapshot()
-        readable, paired = snap.nodes is not None, self.protocol.paired
+        readable = snap.nodes is not None
         if "structure" in on:
-            if paired:
-                structural = STRUCTURAL_CHECKS if readable else OUTSIDE_CHECKS
-            else:
-                structural = UNPAIRED_CHECKS if readable else UNPAIRED_OUTSIDE_CHECKS
-            for check in structural:
+            for check in STRUCTURAL_CHECKS if readable else OUTSIDE_CHECKS:
                 check(snap, self.model)
         holdings = self.protocol.holdings()
         if "pool_conservation" in on:
-            pool_conservation(snap, self.model, holdings, free_order=paired)
+            pool_conservation(snap, self.model, holdings)
         if "meaning" in on:
             kv_data, states = cut.kv_data(), cut.state_digests()
             if readable:

@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
-from harness.caches import CacheFactory, ImplCache, cache_class, cache_name, cache_release
+from harness.caches import CacheFactory, ImplCache, cache_name, cache_release, default_protocol
 from harness.driver import Driver, paused_gc
 from harness.findings import KNOWN_FINDINGS, KnownFinding, SetAside, candidate_findings, is_signature_text
 from harness.operations import OperationError, check_arguments
@@ -319,7 +319,7 @@ def replay_protocol(trace: Trace, cache_factory: CacheFactory, protocol: Optiona
     recorder = (trace.impl, trace.impl_version)
     if (cache_name(cache_factory), cache_release(cache_factory)) == recorder:
         return trace.protocol
-    return cache_class(cache_factory).default_protocol
+    return default_protocol(cache_factory)
 
 
 def replay(

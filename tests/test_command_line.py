@@ -58,6 +58,8 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
         (["fuzz", "--tree-core", "rust"], "--tree-core applies to --impl sglang only, not to 'impl'"),
         (["fuzz", "--impl", "sglang", "--tree-core", "c++"], "argument --tree-core: invalid choice: 'c++'"),
         (["replay", TRACE, "--impl", "impl", "--tree-core", "parity"], "--tree-core applies to --impl sglang only, not to 'impl'"),
+        (["fuzz", "--protocol", "scheduler"], "--protocol scheduler drives SGLang's UnifiedRadixCache on one tree core (--impl sglang-python or sglang-rust), not impl"),
+        (["replay", TRACE, "--impl", "impl", "--protocol", "scheduler"], "--protocol scheduler drives SGLang's UnifiedRadixCache"),
     ],
 )
 def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):
@@ -75,6 +77,7 @@ def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):
         (["-m", "bench.workload", "--json", "/proc/nope/w.json"], "--json /proc/nope/w.json"),
         (["-m", "bench.first_find", "--impl", "impl", "--trace-dir", "/proc/nope"], "--trace-dir /proc/nope: cannot create it"),
         (["-m", "bench.mutants", "--only", "no-such-bug"], "unknown mutant(s) ['no-such-bug']"),
+        (["-m", "bench.protocols", "--config", "disagg_prefill"], "--config: ['disagg_prefill'] are not configurations the real scheduler runs"),
     ],
 )
 def test_a_bad_input_to_a_benchmark_is_one_line_and_exit_2(argv, message):

@@ -74,3 +74,113 @@ def test_a_wrong_resumed_state_is_a_meaning_failure(real):
     with pytest.raises(InvariantViolation, match="resumes after"):
         for _ in range(3):
             real.turn([99])
+
+
+# ----- the protocol: the real scheduler driving the cache, the model paired with it -------------
+
+
+@pytest.fixture
+def factory(real):
+    from harness.caches import cache_factory
+
+    return cache_factory("sglang-python")
+
+
+def scheduler_driver(factory, **kwargs):
+    from harness.driver import Driver
+
+    return Driver(CONFIG, SchedulerConfig(chunked_prefill_size=4, eos_token_id=99), factory, protocol="scheduler", **kwargs)
+
+
+def run_program(driver, steps):
+    driver.check()
+    for op, args in steps:
+        driver.apply(op, **args)
+        driver.check()
+
+
+PROGRAM = [
+    ("arrive", {"tokens": [1, 2, 3, 4, 5, 6], "extra_key": None, "max_new_tokens": 3}),
+    ("arrive", {"tokens": [1, 2, 3, 9], "extra_key": None, "max_new_tokens": 2}),
+    *[("iterate", {"tokens": [7, 8], "transferred": 0})] * 5,
+    ("arrive", {"tokens": [1, 2, 3, 4, 5, 6, 7, 11], "extra_key": "lora-a", "max_new_tokens": 6}),
+    ("iterate", {"tokens": [7], "transferred": 0}),
+    ("abort", {"rid": 2}),
+    *[("iterate", {"tokens": [99], "transferred": 0})] * 2,
+    ("flush", {}),
+]
+
+
+def test_the_model_sees_every_call_the_real_scheduler_makes(factory):
+    from harness.findings import set_aside
+
+    driver = scheduler_driver(factory, set_aside=set_aside(["all"], "0.5.23"))
+    seen = []
+    driver.on_event = seen.append
+    run_program(driver, PROGRAM[:7])
+    # the finished requests went into the model's tree through the mirrored release_kv_cache
+    assert driver.model.nodes and driver.protocol.live_requests() == []
+    assert driver.model.sizes() == driver.cut.sizes()
+    run_program(driver, PROGRAM[7:])
+    assert driver.model.nodes == {}  # the flush reached the model
+
+
+def test_a_second_program_finds_the_scheduler_as_a_fresh_build(factory):
+    from harness.findings import set_aside
+    from harness.protocols.scheduler import RUNTIMES
+
+    aside = set_aside(["all"], "0.5.23")
+    first = scheduler_driver(factory, set_aside=aside)
+    first.apply("arrive", tokens=[4, 4, 4, 4, 4], extra_key=None, max_new_tokens=9)
+    first.apply("iterate", tokens=[5], transferred=0)  # a program that ends with a request running
+    runtime = RUNTIMES.of(first.cut)
+    second = scheduler_driver(factory, set_aside=aside)
+    assert RUNTIMES.of(second.cut) is runtime  # reset, not rebuilt
+    assert second.cut.sizes() == (0, 0, 0, 0) and second.cut.all_free()
+    assert second.cut.kv_data() == [0] * (CONFIG.kv_size + 1)
+    run_program(second, PROGRAM)
+
+
+def test_a_cache_handing_out_other_slots_than_the_model_is_a_divergence(factory):
+    from harness.pairing import Divergence
+
+    driver = scheduler_driver(factory)
+    driver.cut.kv.free_pages = driver.cut.kv.free_pages.flip(0)  # the allocator's order corrupted
+    driver.apply("arrive", tokens=[1, 2, 3], extra_key=None, max_new_tokens=2)
+    with pytest.raises(Divergence, match="token_to_kv_pool_allocator.alloc"):
+        driver.apply("iterate", tokens=[5], transferred=0)
+
+
+def test_a_recorded_program_replays_to_the_same_failure_in_a_fresh_process(factory, tmp_path):
+    import subprocess
+    import sys
+
+    from harness.trace import failure_trace, save_trace
+
+    driver = scheduler_driver(factory)  # nothing set aside: the known own_storage finding fails it
+    with pytest.raises(Exception) as failed:
+        run_program(driver, PROGRAM)
+    trace = failure_trace(driver, failed.value, "test")
+    assert trace.protocol == "scheduler" and trace.failure.check == "own_storage"
+    path = save_trace(trace, str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "harness", "replay", path], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"FAILED at step {trace.failure.step}: check 'own_storage' broke" in result.stdout
+
+
+def test_the_fuzz_leaves_out_settings_the_real_scheduler_cannot_run(real):
+    from harness.fuzz.options import FuzzOptions
+
+    options = FuzzOptions(impl="sglang-python", protocol="scheduler", configs=["medium", "disagg_prefill"], device="cpu")
+    options.check()
+    assert (options.configs, options.left_out) == (["medium"], ["disagg_prefill"])
+    with pytest.raises(ValueError, match="runs none of"):
+        FuzzOptions(impl="sglang-rust", protocol="scheduler", configs=["disagg_prefill"], device="cpu").check()
+
+
+def test_the_real_scheduler_is_the_default_protocol_of_its_release(factory):
+    from harness.caches import cache_factory, default_protocol
+
+    assert default_protocol(factory) == "scheduler"
+    assert default_protocol(cache_factory("sglang-rust")) == "scheduler"
+    assert default_protocol(cache_factory("sglang-parity")) == "unified"  # no scheduler drives two trees

@@ -127,6 +127,15 @@ def cache_release(factory: CacheFactory) -> str:
     return cls.release
 
 
+def default_protocol(factory: CacheFactory) -> str:
+    """The scheduler protocol a factory's caches run under unless told otherwise
+    (`CacheUnderTest.release_protocol`; both tree cores side by side, `parity`, take their
+    release's hand-written calls: no scheduler drives two trees)."""
+    if isinstance(factory, functools.partial) and factory.keywords.get("tree_core") == "parity":
+        return factory.keywords["cache_class"].default_protocol
+    return cache_class(factory).release_protocol(cache_release(factory))
+
+
 def cache_name(factory: CacheFactory) -> str:
     """The name a factory's caches go by (`impl`, `sglang`, `sglang-rust`), without building one."""
     if isinstance(factory, functools.partial) and "tree_core" in factory.keywords:
@@ -136,4 +145,4 @@ def cache_name(factory: CacheFactory) -> str:
     return cache_class(factory).name
 
 
-__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_class", "cache_factory", "cache_name", "cache_release", "TREE_CORES", "impl_name", "sglang_cache_class", "sglang_caches"]
+__all__ = ["CacheFactory", "CacheUnderTest", "ImplCache", "cache_class", "cache_factory", "cache_name", "cache_release", "default_protocol", "TREE_CORES", "impl_name", "sglang_cache_class", "sglang_caches"]

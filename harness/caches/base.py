@@ -35,7 +35,7 @@ class CacheUnderTest:
 
     name = "abstract"
     release = ""  # the version of the code under test
-    default_protocol = "contract"  # the scheduler protocol a run uses unless told otherwise
+    default_protocol = "contract"  # the hand-written scheduler protocol of the cache's release
     # the protocols whose calls the cache takes (a trace recorded under one of them replays under
     # it across releases: the same calls, each release's cache)
     protocols: Tuple[str, ...] = ("contract", "sglang-0.5.4")
@@ -63,6 +63,11 @@ class CacheUnderTest:
     req_pool: Any
     mamba_pool: Any
     mamba_slots: Any
+
+    @classmethod
+    def release_protocol(cls, version: str) -> str:
+        """The protocol a run on this cache of release `version` uses unless told otherwise."""
+        return cls.default_protocol
 
     def is_mamba_exhausted(self, exc: BaseException) -> bool:
         """Whether `exc` (a `mamba_exhausted_error`) says the Mamba pool ran out."""

@@ -44,6 +44,7 @@ from harness.caches.base import CacheUnderTest, storage_of, walk_tree
 from harness.caches.sglang_0_5_20 import Sglang0520Cache
 from harness.caches.sglang_loader import publish_server_args
 from harness.caches.sglang_releases import unified_rules
+from harness.real_scheduler import RELEASES as REAL_SCHEDULER_RELEASES
 from harness.snapshot import NodeView, Path, Snapshot, TensorView
 from reference import SGLANG_UNIFIED, Rules
 from strategies.config import CacheConfig
@@ -88,6 +89,12 @@ class SglangUnifiedCache(Sglang0520Cache):
     @classmethod
     def release_rules(cls, version: str) -> Rules:
         return unified_rules(version)
+
+    @classmethod
+    def release_protocol(cls, version: str) -> str:
+        """The release's own scheduler where the harness builds it (`harness.real_scheduler`),
+        else the hand-written calls of its era."""
+        return "scheduler" if version in REAL_SCHEDULER_RELEASES else cls.default_protocol
 
     def _build_cache(self, config: CacheConfig) -> Any:
         sgl = self.sgl

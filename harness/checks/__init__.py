@@ -16,8 +16,6 @@ from harness.checks.ownership import index_types, own_storage, pool_index_types
 from harness.checks.structure import (
     OUTSIDE_CHECKS,
     STRUCTURAL_CHECKS,
-    UNPAIRED_CHECKS,
-    UNPAIRED_OUTSIDE_CHECKS,
     lock_rules,
     lru_lists,
     no_tombstone_leaf,
@@ -43,8 +41,6 @@ __all__ = [
     "TOLERABLE_CHECKS",
     "OUTSIDE_CHECKS",
     "STRUCTURAL_CHECKS",
-    "UNPAIRED_CHECKS",
-    "UNPAIRED_OUTSIDE_CHECKS",
     "InvariantViolation",
     "NodeReclamation",
     "RequestHoldings",

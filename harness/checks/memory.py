@@ -67,18 +67,14 @@ def _explain_ownership(pool: str, universe: range, owners: Dict[str, List[int]])
     fail("pool_conservation", f"{pool} slot leaked", f"{pool} slot(s) {lost} are leaked: not free, not in the tree, not held by a request")
 
 
-def pool_conservation(snap: Snapshot, model: ReferenceCache, requests: List[RequestHoldings], free_order: bool = True) -> None:
+def pool_conservation(snap: Snapshot, model: ReferenceCache, requests: List[RequestHoldings]) -> None:
     """Every KV, Mamba and request slot is owned by exactly one of free list, tree, a live
-    request; none lost, none twice; slot 0 never used; with `free_order` (a model that saw
-    every call), free lists in the model's order. The pools' slots are the model's universes,
-    which no call changes."""
+    request; none lost, none twice; slot 0 never used; free lists in the model's order."""
     universes = {"KV": model.kv_slots, "Mamba": model.mamba_slots, "request": model.req_slots}
     for pool, owners in _owners(snap, requests).items():
         slots = sorted(s for owned in owners.values() for s in owned)
         if slots != list(universes[pool]):  # not every slot owned exactly once
             _explain_ownership(pool, universes[pool], owners)
-    if not free_order:
-        return
     for pool, got, want in (
         ("KV", snap.kv_free, model.kv_free),
         ("Mamba", snap.mamba_free, model.mamba_free),

@@ -54,19 +54,13 @@ def lock_rules(snap: Snapshot, model: ReferenceCache) -> None:
             fail("lock_rules", "KV-locked node under an unlocked parent", f"node {show_path(p)} is KV-locked but its parent {show_path(v.parent)} is not")
 
 
-def lru_links(snap: Snapshot, model: ReferenceCache) -> None:
-    """Both LRU lists' prev/next links agree both ways and end at the lists' ends (whatever the
-    model says: the part of `lru_lists` an unpaired run checks)."""
+def lru_lists(snap: Snapshot, model: ReferenceCache) -> None:
+    """The full list holds every node once, the Mamba list every holder once, both in the
+    model's recency order, with prev/next links consistent both ways."""
     if not snap.full_links_ok:
         fail("lru_lists", "full LRU links", "full LRU list prev/next links or tick order are inconsistent")
     if not snap.mamba_links_ok:
         fail("lru_lists", "Mamba LRU links", "Mamba LRU list prev/next links or tick order are inconsistent")
-
-
-def lru_lists(snap: Snapshot, model: ReferenceCache) -> None:
-    """The full list holds every node once, the Mamba list every holder once, both in the
-    model's recency order, with prev/next links consistent both ways."""
-    lru_links(snap, model)
     for name, listed, want in (
         ("full", snap.full_lru, model.full_order()),
         ("Mamba", snap.mamba_lru, model.mamba_order()),
@@ -92,14 +86,10 @@ def _explain_lru(name: str, listed: List[Path], want: List[Path], snap: Snapshot
     )
 
 
-SIZE_NAMES = "(full evictable, full protected, mamba evictable, mamba protected)"
-
-
-def tree_sizes(snap: Snapshot, model: ReferenceCache) -> None:
+def sizes(snap: Snapshot, model: ReferenceCache) -> None:
     """The four counters equal the sums over unlocked / locked nodes (for a tree whose nodes
-    cannot be read: evictable and protected together count the slots it holds), whatever the
-    model says (the part of `sizes` an unpaired run checks)."""
-    names = SIZE_NAMES = "(full evictable, full protected, mamba evictable, mamba protected)"
+    cannot be read: evictable and protected together count the slots it holds), and the model's."""
+    names = "(full evictable, full protected, mamba evictable, mamba protected)"
     if snap.nodes is None:
         tree_kv, tree_mamba = snap.tree_slots()
         held = (snap.sizes[0] + snap.sizes[1], snap.sizes[2] + snap.sizes[3])
@@ -115,13 +105,8 @@ def tree_sizes(snap: Snapshot, model: ReferenceCache) -> None:
         )
         if snap.sizes != recomputed:
             fail("sizes", "counters against the tree", f"counters {names} are {snap.sizes}, the tree sums to {recomputed}")
-
-
-def sizes(snap: Snapshot, model: ReferenceCache) -> None:
-    """The four counters are what the tree sums to (`tree_sizes`), and the model's."""
-    tree_sizes(snap, model)
     if snap.sizes != model.sizes():
-        fail("sizes", "counters against the model", f"counters {SIZE_NAMES} are {snap.sizes}, the model says {model.sizes()}")
+        fail("sizes", "counters against the model", f"counters {names} are {snap.sizes}, the model says {model.sizes()}")
 
 
 def no_tombstone_leaf(snap: Snapshot, model: ReferenceCache) -> None:
@@ -143,7 +128,3 @@ STRUCTURAL_CHECKS: Tuple[Callable[[Snapshot, ReferenceCache], None], ...] = (
 )
 # what can be checked of a tree whose nodes cannot be read (`Snapshot.nodes` is None)
 OUTSIDE_CHECKS: Tuple[Callable[[Snapshot, ReferenceCache], None], ...] = (sizes,)
-# the same, for a run whose model saw none of the calls (`SchedulerProtocol.paired` false): what
-# holds whatever the model says (`no_tombstone_leaf` reads only the model's rules)
-UNPAIRED_CHECKS: Tuple[Callable[[Snapshot, ReferenceCache], None], ...] = (lock_rules, lru_links, tree_sizes, no_tombstone_leaf)
-UNPAIRED_OUTSIDE_CHECKS: Tuple[Callable[[Snapshot, ReferenceCache], None], ...] = (tree_sizes,)

@@ -21,7 +21,7 @@ import threading
 from typing import Any, Dict, TextIO
 
 import impl
-from harness.caches import cache_class, cache_factory, cache_release
+from harness.caches import cache_factory, cache_release, default_protocol
 from harness.findings import KNOWN_FINDINGS
 from harness.fuzz.buckets import summarize
 from harness.fuzz.options import FuzzOptions
@@ -37,10 +37,9 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     SIGTERM stops it between rounds, with its report (`interrupted` names the signal)."""
     options.check()
     factory = cache_factory(options.impl)
-    protocol = protocol_class(options.protocol or cache_class(factory).default_protocol)
-    against = "against the model" if protocol.paired else "with the checks that need no model"
+    protocol = protocol_class(options.protocol or default_protocol(factory))
     out.write(
-        f"fuzz: {options.engine} engine, {options.impl} under {protocol.title()} {against} on "
+        f"fuzz: {options.engine} engine, {options.impl} under {protocol.title()} against the model on "
         f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
     )
     if options.left_out:

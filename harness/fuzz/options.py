@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from harness.caches import cache_factory, cache_release
+from harness.caches import cache_factory, cache_release, default_protocol
 from harness.devices import best_device, check_device
 from harness.fuzz.database import check_database
 from harness.outputs import check_output_dir, check_output_file
@@ -62,13 +62,16 @@ class FuzzOptions:
             raise ValueError(f"the budget must be a positive, finite number of seconds, got {self.seconds}")
         if self.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {self.workers}")
-        cache_factory(self.impl)
+        factory = cache_factory(self.impl)
         try:
             self.known_findings()
         except TraceError as exc:
             raise ValueError(f"--set-aside: {exc}") from None
-        if self.protocol is not None:
-            self._leave_out_unrunnable(protocol_class(self.protocol))
+        protocol = protocol_class(self.protocol or default_protocol(factory))
+        refusal = protocol.refusal(factory)
+        if refusal:
+            raise ValueError(refusal)
+        self._leave_out_unrunnable(protocol)
         check_device(self.device)
         if self.engine == "hypothesis":
             check_database(self.db)

@@ -27,11 +27,13 @@ class SchedulerProtocol:
     name = "abstract"
     # the operations this protocol accepts (a subset of `harness.operations.OPERATIONS`)
     operations: Tuple[str, ...] = ()
-    # whether every call it makes is made on the reference model too (`PairedCaches`): the
-    # checks that compare the cache with the model run only then
-    paired = True
     # the server's disaggregation modes it runs (`SchedulerConfig.disaggregation_mode`)
     disaggregation_modes: Tuple[str, ...] = DISAGGREGATION_MODES
+
+    @classmethod
+    def refusal(cls, cache_factory: Callable[[CacheConfig], CacheUnderTest]) -> str:
+        """Why this protocol cannot drive the factory's caches ("" when it can)."""
+        return ""
 
     @classmethod
     def title(cls) -> str:

@@ -10,15 +10,12 @@ socket, or one turn of its event loop:
   abort     an `AbortReq` for a live request
   flush     a `FlushCacheReqInput`
 
-Between operations the checks read the cache, the pools and the scheduler's requests as they
-are: what each live request owns is read from SGLang's own `Req` (its row
-`[cache_protected_len, kv_allocated_len)`, its Mamba slot, its request slot), and what it has
-computed from the stand-in forward pass's own record, never from SGLang's bookkeeping.
-
-The calls the scheduler makes are not mirrored into the reference model (`paired = False`): the
-checks that hold whatever the model says run (meaning, pool conservation without the free-list
-order, the tree's lock rules, LRU links and size counters, tensor ownership, node reclamation)
-and SGLang's invariant checker runs strict where the scheduler runs it.
+The calls the scheduler makes on the tree and the pools are made on the reference model too
+(`ModelMirror`, `harness.protocols.scheduler_mirror`), so every check runs after every
+operation, and SGLang's invariant checker runs strict where the scheduler runs it. What each live
+request owns is read from SGLang's own `Req` (its row `[cache_protected_len,
+kv_allocated_len)`, its Mamba slot, its request slot), what it has computed from the stand-in
+forward pass's own record, never from SGLang's bookkeeping.
 
 The scheduler is built once per process and configuration (`Runtimes`) and reset between
 programs as a server would be: every live request aborted, turns until none is left, a cache
@@ -37,6 +34,7 @@ from harness.checks.violation import never
 from harness.operations import OperationError
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.scheduler_mirror import ModelMirror
+from harness.real_scheduler import real_scheduler_class
 from strategies.config import CacheConfig, SchedulerConfig
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
@@ -58,16 +56,6 @@ class LiveRequest:
         return self.origin + tuple(self.cut.output_ids)
 
 
-def _real_scheduler_class(version: str) -> type:
-    """The `RealScheduler` built for SGLang `version`; ValueError naming the releases it is
-    built for otherwise."""
-    if version == "0.5.23":
-        from harness.real_scheduler.sglang_0_5_23 import RealScheduler
-
-        return RealScheduler
-    raise ValueError(f"--protocol scheduler: the release's own scheduler is built for SGLang 0.5.23 only, not {version}")
-
-
 class Runtimes:
     """The process's real scheduler, over a cache under test built for it: one at a time (each
     build tears down the process groups the last one set up), kept while programs run on the
@@ -80,16 +68,15 @@ class Runtimes:
     def ready(self, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> Any:
         """A real scheduler, idle, with an empty cache and every slot free."""
         from harness.caches import cache_name, cache_release
-        from harness.caches.sglang_unified import SglangUnifiedCache
 
         key = (cache_name(cache_factory), config, scheduler)
         if key == self._key and _reset(self._runtime):
             return self._runtime
         self._key = self._runtime = None
-        cut = cache_factory(config)
-        if not isinstance(cut, SglangUnifiedCache):
-            raise ValueError(f"--protocol scheduler drives SGLang's UnifiedRadixCache (--impl sglang-python or sglang-rust), not {cut.name}")
-        self._runtime = _real_scheduler_class(cache_release(cache_factory))(cut, config, scheduler)
+        refusal = RealSchedulerProtocol.refusal(cache_factory)
+        if refusal:
+            raise ValueError(refusal)
+        self._runtime = real_scheduler_class(cache_release(cache_factory))(cache_factory(config), config, scheduler)
         self._runtime.mirror = ModelMirror(self._runtime)
         self._key = key
         return self._runtime
@@ -135,6 +122,21 @@ class RealSchedulerProtocol(SchedulerProtocol):
     @classmethod
     def title(cls) -> str:
         return "the release's own scheduler"
+
+    @classmethod
+    def refusal(cls, cache_factory: Any) -> str:
+        """The real scheduler builds SGLang's `UnifiedRadixCache` on one tree core, on a release
+        the harness builds its scheduler for."""
+        from harness.caches import cache_class, cache_name, cache_release
+        from harness.caches.sglang_unified import SglangUnifiedCache
+        from harness.real_scheduler import RELEASES
+
+        name = cache_name(cache_factory)
+        if not issubclass(cache_class(cache_factory), SglangUnifiedCache):
+            return f"--protocol scheduler drives SGLang's UnifiedRadixCache on one tree core (--impl sglang-python or sglang-rust), not {name}"
+        if cache_release(cache_factory) not in RELEASES:
+            return f"--protocol scheduler: the release's own scheduler is built for SGLang {sorted(RELEASES)} only, not {cache_release(cache_factory)}"
+        return ""
 
     @classmethod
     def cache_for(cls, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> CacheUnderTest:

@@ -3,6 +3,22 @@
   sglang_0_5_23   SGLang 0.5.23's `Scheduler` (`RealScheduler`): the release's event loop, its
                   scheduler components and its invariant checker, driven one turn at a time
 
-Not yet a protocol of the harness (`harness.protocols`): see `docs/scheduler-protocol.md`,
-"The release's own scheduler", for what exists and what is still to build.
+The protocol that drives it is `harness.protocols.scheduler` (`--protocol scheduler`);
+`docs/scheduler-protocol.md`, "The release's own scheduler", lists the releases it is built for
+and why the others are not.
 """
+
+from __future__ import annotations
+
+import importlib
+
+# the releases whose own scheduler is built here, and the module building each
+RELEASES = {"0.5.23": "harness.real_scheduler.sglang_0_5_23"}
+
+
+def real_scheduler_class(version: str) -> type:
+    """The `RealScheduler` built for SGLang `version`; ValueError naming the releases there is
+    one for otherwise."""
+    if version not in RELEASES:
+        raise ValueError(f"--protocol scheduler: the release's own scheduler is built for SGLang {sorted(RELEASES)} only, not {version}")
+    return importlib.import_module(RELEASES[version]).RealScheduler

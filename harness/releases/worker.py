@@ -24,7 +24,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional
 
-from harness.caches import CacheUnderTest, cache_class, cache_factory
+from harness.caches import CacheUnderTest, cache_class, cache_factory, default_protocol
 from harness.caches.sglang_loader import SglangUnavailable, sglang_version
 from harness.caches.sglang_releases import caches_of
 from harness.checks import NEEDS_READABLE_NODES, InvariantViolation
@@ -77,7 +77,7 @@ def replay_on(path: str, release: str, cache: str) -> Dict[str, Any]:
         return _cannot_run(release, cache, _why(exc), trace=path)
     cls = cache_class(factory)
     # the trace's own calls where this cache takes them (the same scheduler, each release's cache)
-    protocol = trace.protocol if trace.protocol in cls.protocols else cls.default_protocol
+    protocol = trace.protocol if trace.protocol in cls.protocols else default_protocol(factory)
     mine = own_finding(trace)
     reason = not_judged(trace, mine, probe, release)
     if reason:
@@ -114,7 +114,7 @@ def fuzz_on(seconds: float, release: str, cache: str, trace_dir: str, seed: Opti
         for f in report["failures"]
     ]
     return dict(
-        release=release, cache=cache, protocol=cache_class(factory).default_protocol, status="failed" if failures else "passed",
+        release=release, cache=cache, protocol=default_protocol(factory), status="failed" if failures else "passed",
         programs=report.get("programs"), steps=report.get("steps"), failures=failures,
     )
 
