@@ -125,7 +125,7 @@ def run_replay(args, out: TextIO) -> int:
         args.impl = impl_name(args.impl or "sglang", args.tree_core)
         factory = cache_factory(args.impl)
         if args.protocol is not None:
-            refusal = protocol_class(args.protocol).refusal(factory)
+            refusal = protocol_class(args.protocol).refusal(factory, trace.scheduler)
             if refusal:
                 raise ValueError(refusal)
         device = replay_device(args.device, trace.config.device)

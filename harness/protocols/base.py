@@ -11,7 +11,7 @@ each call site to the method that makes it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from harness.caches.base import CacheUnderTest
 from harness.checks.memory import RequestHoldings
@@ -31,8 +31,11 @@ class SchedulerProtocol:
     disaggregation_modes: Tuple[str, ...] = DISAGGREGATION_MODES
 
     @classmethod
-    def refusal(cls, cache_factory: Callable[[CacheConfig], CacheUnderTest]) -> str:
-        """Why this protocol cannot drive the factory's caches ("" when it can)."""
+    def refusal(cls, cache_factory: Callable[[CacheConfig], CacheUnderTest], scheduler: Optional[SchedulerConfig] = None) -> str:
+        """Why this protocol cannot drive the factory's caches, or run with the server settings
+        `scheduler` ("" when it can)."""
+        if scheduler is not None and scheduler.disaggregation_mode not in cls.disaggregation_modes:
+            return f"{cls.title()} runs disaggregation modes {list(cls.disaggregation_modes)} only, not {scheduler.disaggregation_mode!r}"
         return ""
 
     @classmethod

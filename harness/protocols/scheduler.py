@@ -73,7 +73,7 @@ class Runtimes:
         if key == self._key and _reset(self._runtime):
             return self._runtime
         self._key = self._runtime = None
-        refusal = RealSchedulerProtocol.refusal(cache_factory)
+        refusal = RealSchedulerProtocol.refusal(cache_factory, scheduler)
         if refusal:
             raise ValueError(refusal)
         self._runtime = real_scheduler_class(cache_release(cache_factory))(cache_factory(config), config, scheduler)
@@ -124,9 +124,9 @@ class RealSchedulerProtocol(SchedulerProtocol):
         return "the release's own scheduler"
 
     @classmethod
-    def refusal(cls, cache_factory: Any) -> str:
+    def refusal(cls, cache_factory: Any, scheduler: Optional[SchedulerConfig] = None) -> str:
         """The real scheduler builds SGLang's `UnifiedRadixCache` on one tree core, on a release
-        the harness builds its scheduler for."""
+        the harness builds its scheduler for, with no disaggregation."""
         from harness.caches import cache_class, cache_name, cache_release
         from harness.caches.sglang_unified import SglangUnifiedCache
         from harness.real_scheduler import RELEASES
@@ -136,7 +136,7 @@ class RealSchedulerProtocol(SchedulerProtocol):
             return f"--protocol scheduler drives SGLang's UnifiedRadixCache on one tree core (--impl sglang-python or sglang-rust), not {name}"
         if cache_release(cache_factory) not in RELEASES:
             return f"--protocol scheduler: the release's own scheduler is built for SGLang {sorted(RELEASES)} only, not {cache_release(cache_factory)}"
-        return ""
+        return super().refusal(cache_factory, scheduler)
 
     @classmethod
     def cache_for(cls, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> CacheUnderTest:

@@ -30,7 +30,7 @@ from harness.caches.sglang_releases import caches_of
 from harness.checks import NEEDS_READABLE_NODES, InvariantViolation
 from harness.findings import KNOWN_FINDINGS, SetAside
 from harness.fuzz import FuzzOptions, fuzz
-from harness.trace import Trace, TraceError, load_trace, replay
+from harness.trace import Trace, TraceError, load_trace, protocol_for, replay
 from strategies import SCENARIOS
 from strategies.config import CacheConfig
 
@@ -77,7 +77,7 @@ def replay_on(path: str, release: str, cache: str) -> Dict[str, Any]:
         return _cannot_run(release, cache, _why(exc), trace=path)
     cls = cache_class(factory)
     # the trace's own calls where this cache takes them (the same scheduler, each release's cache)
-    protocol = trace.protocol if trace.protocol in cls.protocols else default_protocol(factory)
+    protocol = trace.protocol if trace.protocol in cls.protocols else protocol_for(factory, trace.scheduler)
     mine = own_finding(trace)
     reason = not_judged(trace, mine, probe, release)
     if reason:
