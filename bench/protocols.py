@@ -4,7 +4,7 @@ protocol of the same release, the same programs, side by side in one process.
     SGLANG_MAMBA_SSM_DTYPE=float32 python -m bench.protocols [--programs 40] [--steps 200]
         [--rounds 3] [--config medium ...] [--tree-core python|rust] [--seed 1] [--json FILE]
 
-Needs SGLang 0.5.23 (the release the real scheduler is built for). The programs are drawn once,
+Needs an SGLang release the real scheduler is built for (0.5.22, 0.5.23). The programs are drawn once,
 by the random engine's chooser running under the hand-written protocol (`unified`); each round
 then runs every program under each protocol in turn, every check after every step, the known
 findings set aside. A program stops at its first failure under either protocol (the two
@@ -122,9 +122,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f"--config: {unknown} are not configurations the real scheduler runs (it runs no disaggregation)")
     from harness.caches.sglang_loader import sglang_unavailable, sglang_version
 
+    from harness.real_scheduler import RELEASES
+
     reason = sglang_unavailable()
-    if reason or sglang_version() != "0.5.23":
-        parser.error(f"needs SGLang 0.5.23, the release the real scheduler is built for: {reason or 'installed: ' + sglang_version()}")
+    if reason or sglang_version() not in RELEASES:
+        parser.error(f"needs an SGLang release the real scheduler is built for ({sorted(RELEASES)}): {reason or 'installed: ' + sglang_version()}")
     result = measure(args.programs, args.steps, args.rounds, configs, args.tree_core, args.seed, args.device)
     hand_written = result["protocols"][0]
     print(f"SGLang {result['release']}, {result['cache']} on {args.device}: {args.programs} programs, {result['operations_drawn']} operations drawn, configurations {configs}")

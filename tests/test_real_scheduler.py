@@ -1,9 +1,11 @@
-"""SGLang 0.5.23's own `Scheduler` built on CPU with the stand-in worker
-(`harness.real_scheduler.sglang_0_5_23`): requests go through its real event loop, the stand-in
-forward pass checks every resumed Mamba state, SGLang's invariant checker runs strict where the
-scheduler runs it, and every slot comes back once the requests are done.
+"""The installed SGLang release's own `Scheduler` built on CPU with the stand-in worker
+(`harness.real_scheduler`): requests go through its real event loop, the stand-in forward pass
+checks every resumed Mamba state, SGLang's invariant checker runs strict where the scheduler runs
+it, and every slot comes back once the requests are done; under `--protocol scheduler` the model
+sees every call it makes.
 
-Skips, saying so, unless SGLang 0.5.23 is installed (CI has no SGLang).
+Skips, saying so, unless a release the real scheduler is built for (0.5.22, 0.5.23) is installed
+(CI has no SGLang).
 """
 
 import pytest
@@ -21,10 +23,12 @@ def real():
     reason = sglang_unavailable()
     if reason:
         pytest.skip(reason)
-    if sglang_version() != "0.5.23":
-        pytest.skip(f"the real scheduler is built for SGLang 0.5.23; installed: {sglang_version()}")
     from harness.caches.sglang_unified import SglangUnifiedCache
-    from harness.real_scheduler.sglang_0_5_23 import RealScheduler
+    from harness.real_scheduler import RELEASES, real_scheduler_class
+
+    if sglang_version() not in RELEASES:
+        pytest.skip(f"the real scheduler is built for SGLang {sorted(RELEASES)}; installed: {sglang_version()}")
+    RealScheduler = real_scheduler_class(sglang_version())
 
     return RealScheduler(SglangUnifiedCache(CONFIG), CONFIG, SchedulerConfig(chunked_prefill_size=4, eos_token_id=99))
 
@@ -114,7 +118,7 @@ PROGRAM = [
 def test_the_model_sees_every_call_the_real_scheduler_makes(factory):
     from harness.findings import set_aside
 
-    driver = scheduler_driver(factory, set_aside=set_aside(["all"], "0.5.23"))
+    driver = scheduler_driver(factory, set_aside=set_aside(["all"], sglang_version()))
     seen = []
     driver.on_event = seen.append
     run_program(driver, PROGRAM[:7])
@@ -129,7 +133,7 @@ def test_a_second_program_finds_the_scheduler_as_a_fresh_build(factory):
     from harness.findings import set_aside
     from harness.protocols.scheduler import RUNTIMES
 
-    aside = set_aside(["all"], "0.5.23")
+    aside = set_aside(["all"], sglang_version())
     first = scheduler_driver(factory, set_aside=aside)
     first.apply("arrive", tokens=[4, 4, 4, 4, 4], extra_key=None, max_new_tokens=9)
     first.apply("iterate", tokens=[5], transferred=0)  # a program that ends with a request running

@@ -87,6 +87,7 @@ class ModelMirror:
         ):
             setattr(obj, name, self._mirrored(f"{_role(obj, cut)}.{name}", getattr(obj, name), twin))
         _install_module_hooks()
+        self.release_kv_cache = self._mirrored("release_kv_cache", _ORIGINALS["release_kv_cache"], self._release)
         _MIRRORS.clear()  # one scheduler at a time (`Runtimes`): the last one's mirror is done
         _MIRRORS[id(tree)] = self
 
@@ -215,7 +216,7 @@ class ModelMirror:
         self.caches.model.reset()
         self.locks.clear()
 
-    def release(self, req: Any, checkpoint: bool) -> Generator[None, Any, None]:
+    def _release(self, req: Any, tree_cache: Any, *, checkpoint: bool) -> Generator[None, Any, None]:
         """`release_kv_cache(req, tree_cache, checkpoint=...)`: the request leaves the tree's
         care, what it computed going in with `checkpoint`."""
         call = f"release_kv_cache(req {req.rid}, checkpoint={checkpoint})"
@@ -326,31 +327,31 @@ def _role(obj: Any, cut: Any) -> str:
 
 # the mirror of each tree cache (by id()) a scheduler of this process was built over
 _MIRRORS: Dict[int, ModelMirror] = {}
-_HOOKS: List[bool] = []
+# SGLang's own functions the hooks replaced (once per process)
+_ORIGINALS: Dict[str, Callable] = {}
 
 
 def _install_module_hooks() -> None:
     """`release_kv_cache` in every SGLang module that names it, and `Req.reset_for_retract`,
     made to reach the mirror of the tree cache they act on (once per process)."""
-    if _HOOKS:
+    if _ORIGINALS:
         return
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache import common
 
-    original_release = common.release_kv_cache
+    original_release = _ORIGINALS["release_kv_cache"] = common.release_kv_cache
 
     def release_kv_cache(req: Any, tree_cache: Any, *, checkpoint: bool) -> None:
         mirror = _MIRRORS.get(id(tree_cache))
-        if mirror is None or mirror.depth or mirror.caches is None:
+        if mirror is None:
             return original_release(req, tree_cache, checkpoint=checkpoint)
-        twin = mirror._mirrored("release_kv_cache", original_release, lambda r, t, checkpoint: mirror.release(r, checkpoint))
-        return twin(req, tree_cache, checkpoint=checkpoint)
+        return mirror.release_kv_cache(req, tree_cache, checkpoint=checkpoint)
 
     for module in list(sys.modules.values()):
         if module is not None and getattr(module, "__name__", "").startswith("sglang.") and getattr(module, "release_kv_cache", None) is original_release:
             module.release_kv_cache = release_kv_cache
 
-    original_reset = Req.reset_for_retract
+    original_reset = _ORIGINALS["reset_for_retract"] = Req.reset_for_retract
 
     def reset_for_retract(req: Any) -> None:
         original_reset(req)
@@ -359,4 +360,3 @@ def _install_module_hooks() -> None:
                 mirror.reset_for_retract(req)
 
     Req.reset_for_retract = reset_for_retract
-    _HOOKS.append(True)

@@ -14,7 +14,8 @@ What is SGLang's and what is ours:
             under test, `forward_batch_generation` writing digests and returning the tokens the
             program chose), `ingest_requests` (ends a turn at the loop's next ingest), the radix
             cache backend `harness` (`register_radix_cache_backend`) returning the cache under
-            test's tree, and NUMA thread binding turned off (the harness shares the process)
+            test's tree; NUMA thread binding and the scheduler's watchdog threads turned off
+            (the harness shares the process, and pauses the loop between turns)
 
 The stand-in forward pass checks, for every request of a batch, that the Mamba state it resumes
 from is the digest of its own prefix (`harness.digest`), whatever the model says: a raise is an
@@ -319,9 +320,15 @@ class RealScheduler:
                 return super().ingest_requests(stop_at_pause)
 
         self._ingests = 0
+        # no watchdog threads: one SIGQUITs the *parent* process (a shell, pytest's controller)
+        # once the forward count stands still for `--watchdog-timeout` with a batch on, and the
+        # harness leaves a scheduler between programs as long as it likes
+        make_watchdog = scheduler_module.create_scheduler_watchdog
+        scheduler_module.create_scheduler_watchdog = lambda *args, **kwargs: None
         try:
             self.scheduler = HarnessScheduler(server_args, port_args)
         finally:
+            scheduler_module.create_scheduler_watchdog = make_watchdog
             del _BUILDING["cut"]
         self._name_checker_failures()
 
