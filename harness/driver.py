@@ -15,7 +15,7 @@ import gc
 import time
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
-from harness.caches import CacheFactory, ImplCache, default_protocol
+from harness.caches import CacheFactory, ImplCache
 from harness.caches.base import storage_of
 from harness.checks import (
     OUTSIDE_CHECKS,
@@ -32,7 +32,7 @@ from harness.checks import (
 from harness.findings import SetAside
 from harness.operations import check_arguments
 from harness.pairing import PairedCaches
-from harness.protocols import protocol_class
+from harness.protocols import protocol_class, protocol_for
 from harness.signature import INVARIANT, Signature, signature_of
 from reference import ReferenceCache
 from strategies.config import CacheConfig, SchedulerConfig
@@ -105,7 +105,7 @@ class Driver:
         self.scheduler = scheduler
         self.on_event = on_event
         self._passed_over: Set[Tuple[str, str]] = set()  # (check, what) set aside so far in this program
-        protocol = protocol or default_protocol(cache_factory)
+        protocol = protocol or protocol_for(cache_factory, scheduler)
         self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
         self.set_aside = set_aside.for_release(self.cut.release)
         self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules)

@@ -14,11 +14,11 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
-from harness.caches import CacheFactory, ImplCache, cache_class, cache_name, cache_release, default_protocol
+from harness.caches import CacheFactory, ImplCache, cache_name, cache_release
 from harness.driver import Driver, paused_gc
 from harness.findings import KNOWN_FINDINGS, KnownFinding, SetAside, candidate_findings, is_signature_text
 from harness.operations import OperationError, check_arguments
-from harness.protocols import PROTOCOLS, protocol_class
+from harness.protocols import PROTOCOLS, protocol_for
 from harness.signature import Signature, check_of, parse_key, signature_of
 from strategies.config import CacheConfig, SchedulerConfig
 
@@ -320,15 +320,6 @@ def replay_protocol(trace: Trace, cache_factory: CacheFactory, protocol: Optiona
     if (cache_name(cache_factory), cache_release(cache_factory)) == recorder:
         return trace.protocol
     return protocol_for(cache_factory, trace.scheduler)
-
-
-def protocol_for(cache_factory: CacheFactory, scheduler: SchedulerConfig) -> str:
-    """The cache's own protocol (`default_protocol`), or, where that cannot run with these
-    server settings (the real scheduler runs no disaggregation), its release's hand-written one."""
-    own = default_protocol(cache_factory)
-    if protocol_class(own).refusal(cache_factory, scheduler):
-        return cache_class(cache_factory).default_protocol
-    return own
 
 
 def replay(

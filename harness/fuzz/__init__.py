@@ -21,7 +21,7 @@ import threading
 from typing import Any, Dict, TextIO
 
 import impl
-from harness.caches import cache_factory, cache_release, default_protocol
+from harness.caches import cache_class, cache_factory, cache_release, default_protocol
 from harness.findings import KNOWN_FINDINGS
 from harness.fuzz.buckets import summarize
 from harness.fuzz.options import FuzzOptions
@@ -30,6 +30,7 @@ from harness.fuzz.rounds import run_single
 from harness.fuzz.stop import StopRequest, stop_on_signals
 from harness.fuzz.workers import run_workers
 from harness.protocols import protocol_class
+from strategies import SCENARIOS
 
 
 def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
@@ -42,8 +43,13 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         f"fuzz: {options.engine} engine, {options.impl} under {protocol.title()} against the model on "
         f"{options.device}, {options.seconds:.0f}s, {options.workers} worker(s), configurations {options.configs}\n"
     )
+    modes = list(protocol.disaggregation_modes)
     if options.left_out:
-        out.write(f"fuzz: left out {options.left_out}: {protocol.title()} runs disaggregation modes {list(protocol.disaggregation_modes)} only\n")
+        out.write(f"fuzz: left out {options.left_out}: {protocol.title()} runs disaggregation modes {modes} only\n")
+    elif options.protocol is None:
+        other = [c for c in options.configs if not set(SCENARIOS[c].disaggregation) <= set(modes)]
+        if other:
+            out.write(f"fuzz: {other} run under the {cache_class(factory).default_protocol} protocol: {protocol.title()} runs disaggregation modes {modes} only\n")
     if options.impl.startswith("sglang"):
         from harness.caches.sglang_loader import development_note
 

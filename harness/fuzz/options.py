@@ -39,7 +39,7 @@ class FuzzOptions:
     trace_dir: str = field(default_factory=lambda: os.environ.get("HARNESS_TRACE_DIR") or PENDING_DIR)
     # known findings (`all`: every one of the release), failure signatures and trace files to set aside
     set_aside: List[str] = field(default_factory=list)
-    # configurations `check` took out of `configs`: their settings are none the protocol runs
+    # configurations `check` took out of `configs`: their settings are none the named protocol runs
     left_out: List[str] = field(default_factory=list)
 
     def known_findings(self) -> SetAside:
@@ -71,7 +71,8 @@ class FuzzOptions:
         refusal = protocol.refusal(factory)
         if refusal:
             raise ValueError(refusal)
-        self._leave_out_unrunnable(protocol)
+        if self.protocol is not None:  # else a program it cannot run takes the hand-written calls
+            self._leave_out_unrunnable(protocol)
         check_device(self.device)
         if self.engine == "hypothesis":
             check_database(self.db)

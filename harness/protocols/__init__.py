@@ -16,15 +16,28 @@ from __future__ import annotations
 
 from typing import Dict
 
+from harness.caches import CacheFactory, cache_class, default_protocol
+
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.contract import ContractScheduler
 from harness.protocols.scheduler import RealSchedulerProtocol
 from harness.protocols.sglang_0_5_4 import Sglang054Scheduler
 from harness.protocols.unified import Unified0520Scheduler, UnifiedScheduler
+from strategies.config import SchedulerConfig
 
 PROTOCOLS: Dict[str, type] = {
     cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler, UnifiedScheduler, Unified0520Scheduler, RealSchedulerProtocol)
 }
+
+
+def protocol_for(cache_factory: CacheFactory, scheduler: SchedulerConfig) -> str:
+    """The cache's own protocol (`harness.caches.default_protocol`), or, where that cannot run
+    with these server settings (the real scheduler runs no disaggregation), its release's
+    hand-written one."""
+    own = default_protocol(cache_factory)
+    if protocol_class(own).refusal(cache_factory, scheduler):
+        return cache_class(cache_factory).default_protocol
+    return own
 
 
 def protocol_class(name: str) -> type:
@@ -35,4 +48,4 @@ def protocol_class(name: str) -> type:
         raise ValueError(f"--protocol must be one of {sorted(PROTOCOLS)}, got {name!r}") from None
 
 
-__all__ = ["PROTOCOLS", "ContractScheduler", "RealSchedulerProtocol", "SchedulerProtocol", "Sglang054Scheduler", "Unified0520Scheduler", "UnifiedScheduler", "protocol_class"]
+__all__ = ["PROTOCOLS", "ContractScheduler", "RealSchedulerProtocol", "SchedulerProtocol", "Sglang054Scheduler", "Unified0520Scheduler", "UnifiedScheduler", "protocol_class", "protocol_for"]

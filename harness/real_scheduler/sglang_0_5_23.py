@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import socket
 import tempfile
 from array import array
 from types import SimpleNamespace
@@ -72,6 +73,7 @@ def tiny_hybrid_config(directory: str, context_len: int, eos_token_id: int) -> s
 
 # the cache under test of the scheduler being built: what the radix cache backend hands it
 _BUILDING: Dict[str, Any] = {}
+BUILD_TRIES = 3  # builds tried when the process group's port was taken meanwhile
 _BUILT_BEFORE: List[bool] = []  # whether a scheduler was built in this process before
 
 
@@ -83,6 +85,13 @@ class Computed(NamedTuple):
     req_slot: int
     mamba_slot: Optional[int]
     length: int
+
+
+def _free_port() -> int:
+    """A TCP port on loopback no one listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _digests(extra_key: Optional[str], tokens: Sequence[int], start: int) -> List[int]:
@@ -277,17 +286,11 @@ class RealScheduler:
         if BACKEND not in registry.registered_radix_cache_backends():  # once per process
             registry.register_radix_cache_backend(BACKEND, lambda context: _BUILDING["cut"].cache)
         _BUILDING["cut"] = cut
-        if _BUILT_BEFORE:  # the process groups are built once per build: the last one's go first
-            from sglang.srt.distributed import parallel_state
-
-            parallel_state.destroy_model_parallel()
-            parallel_state.destroy_distributed_environment()
-        _BUILT_BEFORE.append(True)
         bootstrap._bind_threads_if_cpu = lambda device: None  # NUMA pinning would pin the whole harness
         self._model_dir = tempfile.TemporaryDirectory(prefix="harness-model-")  # removed with the scheduler
         model_path = tiny_hybrid_config(self._model_dir.name, config.max_context_len, scheduler_config.eos_token_id)
         chunk = scheduler_config.chunked_prefill_size
-        server_args = ServerArgs(
+        settings = dict(
             model_path=model_path, device=config.device, skip_tokenizer_init=True, load_format="dummy",
             disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer", page_size=config.page_size,
             max_running_requests=self.max_running_requests,
@@ -296,8 +299,6 @@ class RealScheduler:
             schedule_conservativeness=scheduler_config.schedule_conservativeness, disable_cuda_graph=True,
             radix_cache_backend=BACKEND, context_length=config.max_context_len,
         )
-        port_args = PortArgs.init_new(server_args)
-        runtime_context.publish(server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
         owner, inbox = self, self.inbox
 
         class HarnessScheduler(scheduler_module.Scheduler):
@@ -326,7 +327,22 @@ class RealScheduler:
         make_watchdog = scheduler_module.create_scheduler_watchdog
         scheduler_module.create_scheduler_watchdog = lambda *args, **kwargs: None
         try:
-            self.scheduler = HarnessScheduler(server_args, port_args)
+            for attempt in range(BUILD_TRIES):
+                if _BUILT_BEFORE:  # the process groups are built once per build: the last one's go first
+                    from sglang.srt.distributed import parallel_state
+
+                    parallel_state.destroy_model_parallel()
+                    parallel_state.destroy_distributed_environment()
+                _BUILT_BEFORE.append(True)
+                # the gloo group's port: another process of a parallel run may take it first
+                server_args = ServerArgs(nccl_port=_free_port(), **settings)
+                runtime_context.publish(server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+                try:
+                    self.scheduler = HarnessScheduler(server_args, PortArgs.init_new(server_args))
+                    break
+                except torch.distributed.DistNetworkError:
+                    if attempt == BUILD_TRIES - 1:
+                        raise
         finally:
             scheduler_module.create_scheduler_watchdog = make_watchdog
             del _BUILDING["cut"]

@@ -30,7 +30,8 @@ from harness.caches.sglang_releases import caches_of
 from harness.checks import NEEDS_READABLE_NODES, InvariantViolation
 from harness.findings import KNOWN_FINDINGS, SetAside
 from harness.fuzz import FuzzOptions, fuzz
-from harness.trace import Trace, TraceError, load_trace, protocol_for, replay
+from harness.protocols import protocol_for
+from harness.trace import Trace, TraceError, load_trace, replay
 from strategies import SCENARIOS
 from strategies.config import CacheConfig
 
