@@ -7,7 +7,7 @@
                   (`unified`: a chunked request keeps its row between chunks);
   unified-0.5.20  the same with 0.5.20's room for three Mamba states per admitted request
   scheduler       the release's own `Scheduler`, built with a stand-in model worker
-                  (`scheduler`, `harness.real_scheduler`): SGLang 0.5.23
+                  (`scheduler`, `harness.real_scheduler`): SGLang 0.5.22, 0.5.23
 
 `docs/scheduler-protocol.md` maps each release's call sites to the methods that make them.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Dict
 
 from harness.caches import CacheFactory, cache_class, default_protocol
-
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.contract import ContractScheduler
 from harness.protocols.scheduler import RealSchedulerProtocol

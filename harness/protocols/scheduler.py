@@ -194,19 +194,17 @@ class RealSchedulerProtocol(SchedulerProtocol):
         for r in live:
             kv = r.cut.kv
             slot = None if kv.req_pool_idx is None else int(kv.req_pool_idx)
-            computed = self.runtime.computed_len(r.cut) if slot is not None else 0
             row = () if slot is None else tuple(rows[slot][: kv.kv_allocated_len])
-            mamba = self.caches.cut.mamba_slot_of(r.cut)
             out.append(
                 RequestHoldings(
                     rid=r.rid,
                     kv=row[kv.cache_protected_len :],
-                    mamba=mamba,
+                    mamba=self.caches.cut.mamba_slot_of(r.cut),
                     req_slot=slot,
                     extra_key=r.extra_key,
                     tokens=r.tokens(),
-                    row=row[:computed],
-                    state_len=self.runtime.state_len(r.cut) if mamba is not None else None,
+                    row=row[: self.runtime.computed_len(r.cut)],
+                    state_len=self.runtime.state_len(r.cut),
                 )
             )
         return out

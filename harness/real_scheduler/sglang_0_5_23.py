@@ -74,7 +74,6 @@ def tiny_hybrid_config(directory: str, context_len: int, eos_token_id: int) -> s
 # the cache under test of the scheduler being built: what the radix cache backend hands it
 _BUILDING: Dict[str, Any] = {}
 BUILD_TRIES = 3  # builds tried when the process group's port was taken meanwhile
-_BUILT_BEFORE: List[bool] = []  # whether a scheduler was built in this process before
 
 
 class Computed(NamedTuple):
@@ -328,12 +327,12 @@ class RealScheduler:
         scheduler_module.create_scheduler_watchdog = lambda *args, **kwargs: None
         try:
             for attempt in range(BUILD_TRIES):
-                if _BUILT_BEFORE:  # the process groups are built once per build: the last one's go first
+                # the process groups are built once per process: an earlier build's go first
+                if bootstrap._PARALLEL_INITIALISED or torch.distributed.is_initialized():
                     from sglang.srt.distributed import parallel_state
 
                     parallel_state.destroy_model_parallel()
                     parallel_state.destroy_distributed_environment()
-                _BUILT_BEFORE.append(True)
                 # the gloo group's port: another process of a parallel run may take it first
                 server_args = ServerArgs(nccl_port=_free_port(), **settings)
                 runtime_context.publish(server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
