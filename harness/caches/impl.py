@@ -22,6 +22,27 @@ def class_impl_name(cache_class: type) -> str:
     return f"{cache_class.__module__}:{cache_class.__qualname__}"
 
 
+def read_lru(tree: Any, which: str) -> Tuple[List[Any], bool]:
+    """`CacheUnderTest.read_lru` of impl's tree `tree`: its "full" or "mamba" list walked by its
+    links, the ticks falling towards the tail."""
+    lru = tree.full_lru_list if which == "full" else tree.mamba_lru_list
+    head, tail, size = lru._head, lru._tail, len(lru)
+    members: List[Any] = []
+    link = head
+    while link.next is not tail:
+        following = link.next
+        if (
+            following is None
+            or following.prev is not link
+            or (link is not head and following.tick >= link.tick)  # ticks fall towards the tail
+            or len(members) == size  # more members than the list counts (or a cycle)
+        ):
+            return members, False
+        members.append(following.node)
+        link = following
+    return members, tail.prev is link and len(members) == size
+
+
 class ImplCache(CacheUnderTest):
     """`impl.MambaRadixCache` with `impl`'s pools, checking mode on."""
 
@@ -66,22 +87,7 @@ class ImplCache(CacheUnderTest):
         return [self.mamba_pool.states]  # conv and temporal are views of it: one read for both
 
     def read_lru(self, which: str) -> Tuple[List[Any], bool]:
-        lru = self.cache.full_lru_list if which == "full" else self.cache.mamba_lru_list
-        head, tail, size = lru._head, lru._tail, len(lru)
-        members: List[Any] = []
-        link = head
-        while link.next is not tail:
-            following = link.next
-            if (
-                following is None
-                or following.prev is not link
-                or (link is not head and following.tick >= link.tick)  # ticks fall towards the tail
-                or len(members) == size  # more members than the list counts (or a cycle)
-            ):
-                return members, False
-            members.append(following.node)
-            link = following
-        return members, tail.prev is link and len(members) == size
+        return read_lru(self.cache, which)
 
     def free_list_tensors(self) -> List[torch.Tensor]:
         lists = (self.kv._free, self.kv._released, self.mamba_pool._free)

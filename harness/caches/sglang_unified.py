@@ -168,9 +168,10 @@ class SglangUnifiedCache(Sglang0520Cache):
         return req.last_node
 
     def nodes_of(self, req: Any) -> List[Any]:
-        """Its last node and its last host node (a node object in 0.5.16, whose handles are the
-        nodes themselves)."""
-        return [req.last_node, req.last_host_node]
+        """Its last node, last host node and best match node, and the node its lock is on (node
+        objects in 0.5.16 and for impl's tree, whose handles are the nodes themselves)."""
+        lock = getattr(req, "lock", None)
+        return [req.last_node, req.last_host_node, getattr(req, "best_match_node", None), None if lock is None else lock.node]
 
     # ----- the cache's own calls --------------------------------------------------------------
 

@@ -25,8 +25,9 @@ scheduler that does not come back idle is built anew.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from harness.caches.base import CacheUnderTest
 from harness.checks.memory import RequestHoldings
@@ -67,7 +68,7 @@ class Runtimes:
 
     def ready(self, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> Any:
         """A real scheduler, idle, with an empty cache and every slot free."""
-        from harness.caches import cache_name, cache_release
+        from harness.caches import cache_name
 
         key = (cache_name(cache_factory), config, scheduler)
         if key == self._key and _reset(self._runtime):
@@ -76,7 +77,8 @@ class Runtimes:
         refusal = RealSchedulerProtocol.refusal(cache_factory, scheduler)
         if refusal:
             raise ValueError(refusal)
-        self._runtime = real_scheduler_class(cache_release(cache_factory))(cache_factory(config), config, scheduler)
+        release, build = _scheduler_cache(cache_factory)
+        self._runtime = real_scheduler_class(release)(build(config), config, scheduler)
         self._runtime.mirror = ModelMirror(self._runtime)
         self._key = key
         return self._runtime
@@ -87,6 +89,22 @@ class Runtimes:
         if self._runtime is None or self._runtime.cut is not cut:
             raise ValueError(f"{cut.name} was not built for the real scheduler: build it with RealSchedulerProtocol.cache_for")
         return self._runtime
+
+
+def _scheduler_cache(cache_factory: Any) -> Tuple[str, Any]:
+    """The SGLang release whose scheduler runs a factory's programs, and what builds the cache it
+    runs them on: SGLang's own `UnifiedRadixCache`, or impl's tree registered in its place
+    (`harness.caches.impl_in_sglang`)."""
+    from harness.caches import ImplCache, cache_class, cache_release
+    from harness.caches.sglang_loader import sglang_version
+
+    if not issubclass(cache_class(cache_factory), ImplCache):
+        return cache_release(cache_factory), cache_factory
+    from harness.caches.impl_in_sglang import ImplInSglangCache
+
+    tree_class = cache_factory.keywords["cache_class"] if isinstance(cache_factory, functools.partial) else None
+    build = ImplInSglangCache if tree_class is None else functools.partial(ImplInSglangCache, cache_class=tree_class)
+    return sglang_version(), build
 
 
 def _reset(runtime: Any) -> bool:
@@ -125,17 +143,25 @@ class RealSchedulerProtocol(SchedulerProtocol):
 
     @classmethod
     def refusal(cls, cache_factory: Any, scheduler: Optional[SchedulerConfig] = None) -> str:
-        """The real scheduler builds SGLang's `UnifiedRadixCache` on one tree core, on a release
-        the harness builds its scheduler for, with no disaggregation."""
-        from harness.caches import cache_class, cache_name, cache_release
+        """The real scheduler runs SGLang's `UnifiedRadixCache` on one tree core, or impl's tree
+        in its place, on a release the harness builds its scheduler for, with no disaggregation."""
+        from harness.caches import ImplCache, cache_class, cache_name, cache_release
+        from harness.caches.sglang_loader import sglang_unavailable, sglang_version
         from harness.caches.sglang_unified import SglangUnifiedCache
         from harness.real_scheduler import RELEASES
 
-        name = cache_name(cache_factory)
-        if not issubclass(cache_class(cache_factory), SglangUnifiedCache):
-            return f"--protocol scheduler drives SGLang's UnifiedRadixCache on one tree core (--impl sglang-python or sglang-rust), not {name}"
-        if cache_release(cache_factory) not in RELEASES:
-            return f"--protocol scheduler: the release's own scheduler is built for SGLang {sorted(RELEASES)} only, not {cache_release(cache_factory)}"
+        name, built = cache_name(cache_factory), cache_class(cache_factory)
+        if issubclass(built, ImplCache):  # impl's tree inside the installed release's scheduler
+            reason = sglang_unavailable()
+            if reason:
+                return f"--protocol scheduler runs {name} inside SGLang's own scheduler: {reason}"
+            release = sglang_version()
+        elif issubclass(built, SglangUnifiedCache):
+            release = cache_release(cache_factory)
+        else:
+            return f"--protocol scheduler drives SGLang's UnifiedRadixCache on one tree core (--impl sglang-python or sglang-rust) or impl, not {name}"
+        if release not in RELEASES:
+            return f"--protocol scheduler: the release's own scheduler is built for SGLang {sorted(RELEASES)} only, not {release}"
         return super().refusal(cache_factory, scheduler)
 
     @classmethod
@@ -172,6 +198,8 @@ class RealSchedulerProtocol(SchedulerProtocol):
     # ----- what the harness needs to know ------------------------------------------------------
 
     def referenced_requests(self) -> List[LiveRequest]:
+        """The views of the scheduler's live requests; a view of one no longer live lets go of
+        SGLang's `Req` (the harness must not keep alive what the scheduler dropped)."""
         out = []
         for req in self.runtime.live_requests():
             view = self._requests.get(req.rid)
@@ -179,10 +207,25 @@ class RealSchedulerProtocol(SchedulerProtocol):
                 raise AssertionError(f"the scheduler holds request {req.rid!r}, which the program never sent")
             view.cut = req
             out.append(view)
+        live = {id(view) for view in out}
+        for view in self._requests.values():
+            if id(view) not in live:
+                view.cut = None
         return out
 
     def live_requests(self) -> List[LiveRequest]:
         return self.referenced_requests()
+
+    def held_nodes(self) -> Iterable[Any]:
+        """The nodes every request the scheduler still refers to names, finished ones too (a
+        finished request stays in the running batch until the next turn), with their ancestors."""
+        cut = self.caches.cut
+        for req in self.runtime.held_requests():
+            for handle in cut.nodes_of(req):
+                node = cut.node_object(handle)
+                while node is not None:
+                    yield node
+                    node = node.parent
 
     def holdings(self) -> List[RequestHoldings]:
         """Per live request: the KV slots its row owns (`[cache_protected_len,

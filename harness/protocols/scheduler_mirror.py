@@ -30,6 +30,7 @@ holds is what SGLang wrote (the model is told, as a hand-written protocol tells 
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 from harness.pairing import Divergence, PairedCaches
@@ -48,7 +49,9 @@ class ModelMirror:
         self.caches: Optional[PairedCaches] = None
         self.depth = 0  # > 0 inside a mirrored call: the calls it makes are its own
         self.twins: Dict[str, ModelReq] = {}
-        self.locks: Dict[int, Tuple[Any, Any]] = {}  # id(receipt) -> (receipt, the model's path)
+        # id(receipt) -> (the receipt, weakly: a lock released inside another call is never
+        # seen released, and the mirror must not keep its node alive; the model's path)
+        self.locks: Dict[int, Tuple[weakref.ref, Any]] = {}
         self._install()
 
     def attach(self, caches: Optional[PairedCaches]) -> None:
@@ -179,7 +182,7 @@ class ModelMirror:
         receipt = yield
         if receipt is not None:
             self.caches.model.inc_lock(path)
-            self.locks[id(receipt)] = (receipt, path)
+            self.locks[id(receipt)] = (weakref.ref(receipt), path)
 
     def _unlock(self, receipt: Any) -> Generator[None, Any, None]:
         if receipt is None:
@@ -187,7 +190,7 @@ class ModelMirror:
             return
         held = self.locks.pop(id(receipt), None)
         yield
-        if held is None:
+        if held is None or held[0]() is not receipt:
             raise Divergence("unlock(lock)", "the lock released", f"a lock on node {receipt.node} the mirror never saw taken", "a lock taken")
         try:
             self.caches.model.dec_lock(held[1])

@@ -417,18 +417,20 @@ class RealScheduler:
         slot = self.cut.mamba_slot_of(req)
         return done.length if done is not None and slot is not None and done.mamba_slot == slot else None
 
+    def held_requests(self) -> List[Any]:
+        """Every request the scheduler still refers to (waiting, running, being chunked, in the
+        last batch, a batch's record of the request it chunked), each once, finished or not."""
+        s = self.scheduler
+        found: Dict[int, Any] = {}
+        batches = [b for b in (s.running_batch, s.last_batch) if b is not None]
+        for req in list(s.waiting_queue) + [r for b in batches for r in (*b.reqs, b.chunked_req)] + [s.chunked_req]:
+            if req is not None:
+                found.setdefault(id(req), req)
+        return list(found.values())
+
     def live_requests(self) -> List[Any]:
         """The scheduler's requests not yet released: waiting, running, being chunked, or in the
         last prefill batch not yet merged, each once. A finished request whose KV is released
         holds nothing (the `mamba_pool_idx` it keeps names the slot it gave the tree), though it
         stays in the running batch until the next turn filters it out."""
-        s = self.scheduler
-        found: Dict[int, Any] = {}
-        batches = [s.running_batch, s.last_batch]
-        candidates = list(s.waiting_queue) + [r for b in batches if b is not None for r in b.reqs]
-        if s.chunked_req is not None:
-            candidates.append(s.chunked_req)
-        for req in candidates:
-            if not (req.finished() and req.kv.is_kv_released):
-                found.setdefault(id(req), req)
-        return list(found.values())
+        return [req for req in self.held_requests() if not (req.finished() and req.kv.is_kv_released)]
