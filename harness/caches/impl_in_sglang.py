@@ -15,11 +15,12 @@ one on top of impl's own tree operations, the pools SGLang's:
   touch_prefix(key)        impl's `match_prefix` (the walk refreshes the path)
   lock / unlock            impl's `inc_lock_ref` / `dec_lock_ref` of the node, a `TreeLock`
                            receipt
-  checkpoint(req, up_to)   0.5.4's caching of a request (`cache_unfinished_req`, or for a finished
-                           one the insert of `cache_finished_req`) in impl's `insert`, the KV
-                           slots the tree already held freed by the caller, a running request's
-                           node found by matching again; the request's `kv` record updated as
-                           `UnifiedRadixCache.checkpoint_into_tree` updates it
+  checkpoint(req, up_to)   impl's own `cache_finished_req` for a finished request (the tree
+                           takes its Mamba slot and releases its lock; the scheduler's release
+                           then frees none of the KV slots the tree took), else its
+                           `cache_unfinished_req` (a fork of the state; the lock moves down),
+                           each on a view of the request in impl's `Req` fields; the request's
+                           `kv` record left as `UnifiedRadixCache.checkpoint_into_tree` leaves it
   on_release               a request not checkpointed gives its Mamba slot back
   evict / evict_for_alloc  impl's `evict(num_tokens)` then `evict_mamba(mamba_num)`
   sizes, sanity_check      impl's own
@@ -106,7 +107,8 @@ def prefix_cache_class() -> type:
             self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
             self.page_size = page_size
             self.disable = False
-            self.mamba_slots = tree.req_to_token_pool.mamba_pool
+            self.pools = tree.req_to_token_pool
+            self.mamba_slots = self.pools.mamba_pool
 
         # ----- nodes ------------------------------------------------------------------------
 
@@ -174,49 +176,39 @@ def prefix_cache_class() -> type:
         # ----- caching a request ------------------------------------------------------------
 
         def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
-            """The tree takes the request's first `up_to` tokens (their KV slots from its row,
-            its Mamba state: a fork for a running request, the request's own slot for a
-            finished one); the row's tree-held part and the request's lock and node follow."""
-            kv, tree = req.kv, self.tree
-            finished = req.finished()
+            """impl's caching of the request's first `up_to` tokens: `cache_finished_req` for a
+            finished request (the tree takes its Mamba slot, and its lock is released: the
+            scheduler's release then frees no KV slot the tree took), else
+            `cache_unfinished_req` (the tree takes a fork of its state; its lock moves to the
+            node the tokens end at). The request's `kv` record follows as
+            `UnifiedRadixCache.checkpoint_into_tree` leaves it."""
+            kv = req.kv
             tokens = list(req.full_untruncated_fill_ids[:up_to])
             if not tokens:
                 return
-            row = self.req_to_token_pool.req_to_token[kv.req_pool_idx, : len(tokens)].to(torch.int64, copy=True)
-            state = kv.mamba_pool_idx.reshape(1).clone() if finished else self._fork_state(req)
-            prefix_len, state_exists = tree.insert(impl.RadixKey(tokens, req.extra_key), row, state)
-            # the tree already held these tokens' KV: the request's copies go back
-            self.token_to_kv_pool_allocator.free(row[kv.cache_protected_len : prefix_len])
+            lock, prompt = req.lock, min(len(req.origin_input_ids), len(tokens))
+            view = impl.Req(req.rid, tokens[:prompt], req.extra_key)
+            # impl's finishing inserts input and output but the last output token, which has
+            # no KV yet: the tokens up to `up_to`, then the one after (any, were there none)
+            view.output_ids = tokens[prompt:] + (list(req.full_untruncated_fill_ids[len(tokens) : len(tokens) + 1]) or [0])
+            view.fill_ids = tokens
+            view.req_pool_idx = kv.req_pool_idx
+            view.prefix_indices = self.req_to_token_pool.req_to_token[kv.req_pool_idx, : kv.cache_protected_len].to(torch.int64, copy=True)
+            view.last_node = self.tree.root_node if lock is None else lock.node
+            self.pools.releasing = req
+            try:
+                if req.finished():
+                    self.tree.cache_finished_req(view)
+                    req.lock = None
+                    kv.cache_protected_len = len(tokens)
+                else:
+                    self.tree.cache_unfinished_req(view)
+                    req.lock = TreeLock(view.last_node, DecLockRefParams())
+                    req.last_node = view.last_node
+                    kv.cache_protected_len = len(view.prefix_indices)
+            finally:
+                self.pools.releasing = None
             kv.cache_inserted_len = max(kv.cache_inserted_len, len(tokens))
-            if finished:
-                if state_exists:
-                    self.req_to_token_pool.free_mamba_cache(req)
-                kv.cache_protected_len = len(tokens)
-                return
-            if state_exists:
-                self.mamba_slots.free(state)
-            found = tree.match_prefix(impl.RadixKey(tokens, req.extra_key))
-            new_indices, node = found.device_indices, found.last_device_node
-            self.req_to_token_pool.write((kv.req_pool_idx, slice(kv.cache_protected_len, len(new_indices))), new_indices[kv.cache_protected_len :])
-            # the new lock first: the shared ancestors stay locked throughout
-            old_lock, req.lock = req.lock, self.lock(node)
-            self.unlock(old_lock)
-            kv.cache_protected_len = len(new_indices)
-            req.last_node = node
-
-        def _fork_state(self, req: Any) -> torch.Tensor:
-            """A copy of the running request's Mamba state in a fresh slot, one state evicted
-            when none is free (`cache_unfinished_req`)."""
-            forked = self.mamba_slots.fork_from(req.kv.mamba_pool_idx.reshape(1))
-            if forked is None:
-                self.tree.evict_mamba(1)
-                forked = self.mamba_slots.fork_from(req.kv.mamba_pool_idx.reshape(1))
-            if forked is None:
-                raise impl.MambaPoolExhaustedError(
-                    f"checkpoint(req {req.rid}): no Mamba slot for the tree's copy of its state even after "
-                    f"evicting (pool of {self.mamba_slots.size}, all states locked)"
-                )
-            return forked
 
         def on_release(self, req: Any, *, checkpointed: bool) -> None:
             """A request released without a checkpoint gives its Mamba slot back."""
@@ -352,7 +344,23 @@ class ImplInSglangCache(SglangUnifiedCache):
 
 
 class _ImplPools:
-    """The request pool as impl's tree reaches it: only its Mamba pool."""
+    """SGLang's request pool as impl's tree reaches it (0.5.4's calls): the rows, the Mamba
+    pool, a request's Mamba slot; freeing a request slot is `release_kv_cache`'s business after
+    the checkpoint, so `free` gives back only the Mamba slot of the request being checkpointed
+    (`releasing`) when the tree did not take it."""
 
     def __init__(self, req_pool: Any):
+        self._req_pool = req_pool
+        self.req_to_token = req_pool.req_to_token
         self.mamba_pool = MambaSlotsForImpl(req_pool)
+        self.releasing: Any = None
+
+    def write(self, indices: Any, values: torch.Tensor) -> None:
+        self._req_pool.write(indices, values)
+
+    def get_mamba_indices(self, req_indices: Any) -> torch.Tensor:
+        return self._req_pool.get_mamba_indices(req_indices)
+
+    def free(self, req_pool_idx: int, free_mamba_cache: bool = True) -> None:
+        if free_mamba_cache:
+            self._req_pool.free_mamba_cache(self.releasing)
