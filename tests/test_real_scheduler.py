@@ -188,3 +188,31 @@ def test_the_real_scheduler_is_the_default_protocol_of_its_release(factory):
     assert default_protocol(factory) == "scheduler"
     assert default_protocol(cache_factory("sglang-rust")) == "scheduler"
     assert default_protocol(cache_factory("sglang-parity")) == "unified"  # no scheduler drives two trees
+
+
+# ----- impl registered as the radix cache of SGLang's own scheduler -----------------------------
+
+
+def test_impl_runs_as_the_radix_cache_of_the_real_scheduler(real):
+    import impl
+    from harness.caches import cache_factory
+    from harness.caches.impl_in_sglang import ImplInSglangCache
+
+    driver = scheduler_driver(cache_factory("impl"))  # nothing set aside: impl has no known finding
+    assert isinstance(driver.cut, ImplInSglangCache) and type(driver.cut.tree) is impl.MambaRadixCache
+    run_program(driver, PROGRAM[:7])
+    assert driver.model.nodes and driver.protocol.live_requests() == []
+    assert driver.model.sizes() == driver.cut.sizes() != (0, 0, 0, 0)
+    run_program(driver, PROGRAM[7:])
+    assert driver.cut.sizes() == (0, 0, 0, 0) and driver.model.nodes == {}
+
+
+def test_a_planted_bug_in_impl_fails_inside_the_real_scheduler(real):
+    from harness.caches import cache_factory
+    from harness.checks.violation import InvariantViolation
+
+    # finishing a request frees the last KV slot of the prefix it shares with the tree as well
+    driver = scheduler_driver(cache_factory("tests.broken_impls:KVSlotFreedTwice"))
+    with pytest.raises(InvariantViolation) as failed:
+        run_program(driver, PROGRAM)
+    assert failed.value.check in {"sglang_self_check", "pool_conservation"}, failed.value
