@@ -58,8 +58,9 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
         (["fuzz", "--tree-core", "rust"], "--tree-core applies to --impl sglang only, not to 'impl'"),
         (["fuzz", "--impl", "sglang", "--tree-core", "c++"], "argument --tree-core: invalid choice: 'c++'"),
         (["replay", TRACE, "--impl", "impl", "--tree-core", "parity"], "--tree-core applies to --impl sglang only, not to 'impl'"),
-        (["fuzz", "--protocol", "scheduler"], "--protocol scheduler drives SGLang's UnifiedRadixCache on one tree core (--impl sglang-python or sglang-rust), not impl"),
-        (["replay", TRACE, "--impl", "impl", "--protocol", "scheduler"], "--protocol scheduler drives SGLang's UnifiedRadixCache"),
+        # impl runs inside the installed SGLang's own scheduler (none here)
+        (["fuzz", "--protocol", "scheduler"], "--protocol scheduler runs impl inside SGLang's own scheduler: SGLang cannot be imported"),
+        (["replay", TRACE, "--impl", "impl", "--protocol", "scheduler"], "--protocol scheduler runs impl inside SGLang's own scheduler"),
     ],
 )
 def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):
