@@ -158,8 +158,8 @@ def run_replay(args, out: TextIO) -> int:
                 out.write(f"    {line}\n")
 
     out.write(
-        f"replaying {args.file}: {len(trace.operations)} operations against {args.impl}{where} under the {protocol} "
-        f"scheduler on {device}\n"
+        f"replaying {args.file}: {len(trace.operations)} operations against {args.impl}{where} under "
+        f"{protocol_class(protocol).title()} on {device}\n"
     )
     verdict = replay(trace, factory, device=device, protocol=protocol, on_step=show, source=args.file)
     if verdict.ok:

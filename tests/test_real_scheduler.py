@@ -216,3 +216,39 @@ def test_a_planted_bug_in_impl_fails_inside_the_real_scheduler(real):
     with pytest.raises(InvariantViolation) as failed:
         run_program(driver, PROGRAM)
     assert failed.value.check in {"sglang_self_check", "pool_conservation"}, failed.value
+
+
+# ----- the unified era's regression traces, replayed under the release's own scheduler ----------
+
+
+def _unified_era_traces():
+    import glob
+    import os
+
+    from harness.trace import load_trace
+
+    here = os.path.join(os.path.dirname(__file__), "regressions")
+    paths = sorted(glob.glob(os.path.join(here, "**", "*.json"), recursive=True))
+    return [os.path.relpath(p, here) for p in paths if load_trace(p).protocol in ("unified", "unified-0.5.20", "scheduler")]
+
+
+@pytest.mark.parametrize("name", _unified_era_traces())
+def test_a_unified_era_trace_keeps_its_verdict_under_the_real_scheduler(real, name):
+    """Recorded under the hand-written calls of 0.5.20 or 0.5.23 (or under the scheduler
+    itself): on 0.5.23's Python core under its own scheduler it fails with the check it
+    recorded, on the Rust core and with impl inside it passes."""
+    import os
+
+    from harness.caches import cache_factory
+    from harness.trace import load_trace, replay
+
+    trace = load_trace(os.path.join(os.path.dirname(__file__), "regressions", name))
+    if trace.scheduler.disaggregation_mode != "null":
+        pytest.skip("recorded with disaggregated prefill, which the real scheduler does not build "
+                    "(its finding has a scheduler-recorded trace, sglang-0.5.23/scheduler-*.json)")
+    for cache in ("sglang-python", "sglang-rust", "impl"):
+        verdict = replay(trace, cache_factory(cache), protocol="scheduler")
+        if cache == "sglang-python":
+            assert not verdict.ok and verdict.failure.check == trace.failure.check, (cache, verdict)
+        else:
+            assert verdict.ok, (cache, verdict)
