@@ -10,12 +10,13 @@ import functools
 import json
 
 import pytest
+from packaging.version import Version
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.caches import cache_factory, cache_name, cache_release
 from harness.caches.sglang_loader import sglang_unavailable, sglang_version
-from harness.caches.sglang_releases import has_tree_cores
+from harness.caches.sglang_releases import has_tree_cores, ships_mamba_radix_cache, unified_rules
 from harness.driver import Driver, paused_gc
 from harness.engines.hypothesis_engine import machine_for
 from harness.findings import set_aside
@@ -56,14 +57,14 @@ def test_the_cache_under_test_is_the_unified_cache_on_the_named_core(core):
     assert cut.cache.tree_components == (sgl.ComponentType.FULL, sgl.ComponentType.MAMBA)
     assert type(cut.cache.tree_core).__name__ == {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}[core]
     assert type(cut.req_pool) is sgl.HybridReqToTokenPool and type(cut.kv) is sgl.TokenToKVPoolAllocator
-    rules, protocol = RELEASE_RULES[sgl.version]
+    rules, protocol = release_rules(sgl.version)
     # the release's rules, whatever their name (`unified_rules` names them by release)
     assert (cut.name, cut.release, dataclasses.replace(cut.rules, name=rules.name), cut.default_protocol) == (f"sglang-{core}", sgl.version, rules, protocol)
     assert cut.opaque == (core == "rust")  # the Rust core's nodes cannot be read from Python
 
 
-def test_plain_sglang_is_the_python_core_on_0_5_23_and_mamba_radix_cache_on_0_5_20():
-    expected = {"0.5.23": "sglang-python", "0.5.20": "sglang"}[sglang_version()]
+def test_plain_sglang_is_the_python_core_from_0_5_21_and_mamba_radix_cache_on_0_5_20():
+    expected = "sglang" if ships_mamba_radix_cache(sglang_version()) else "sglang-python"
     assert cache_name(cache_factory("sglang")) == expected
 
 
@@ -120,20 +121,28 @@ def test_parity_fails_at_the_first_difference_between_the_cores():
             serve(driver, [1, 2, 3, 4])
 
 
-# each release's unified rules and protocol, and the other release's rules to compare with
-RELEASE_RULES = {"0.5.23": (SGLANG_UNIFIED, "unified"), "0.5.20": (SGLANG_UNIFIED_0_5_20, "unified-0.5.20")}
-OTHER_RULES = {"0.5.23": SGLANG_UNIFIED_0_5_20, "0.5.20": SGLANG_UNIFIED}
+# the two eras' unified rules and hand-written protocols, as the model names them
+NAMED_RULES = {"0.5.23": (SGLANG_UNIFIED, "unified"), "0.5.20": (SGLANG_UNIFIED_0_5_20, "unified-0.5.20")}
+
+
+def release_rules(version: str):
+    """The release's unified rules and hand-written protocol: the named ones for 0.5.20 and
+    0.5.23, the release table's (`unified_rules`) for the releases between and after them."""
+    if version in NAMED_RULES:
+        return NAMED_RULES[version]
+    return unified_rules(version), "unified" if Version(version) >= Version("0.5.22") else "unified-0.5.20"
 
 
 def changed_rules(version: str):
     """(rule, the value put back): each rule in which this release's unified cache differs from
-    MambaRadixCache (0.5.20's rules), or else from the other release's unified cache."""
-    rules = RELEASE_RULES[version][0]
+    MambaRadixCache (0.5.20's rules), or else from the other era's unified cache."""
+    rules, protocol = release_rules(version)
+    other_era = SGLANG_UNIFIED if protocol == "unified-0.5.20" else SGLANG_UNIFIED_0_5_20
     out = []
     for f in dataclasses.fields(rules):
         if f.name == "name":
             continue
-        for other in (SGLANG_0_5_20, OTHER_RULES[version]):
+        for other in (SGLANG_0_5_20, other_era):
             if getattr(other, f.name) != getattr(rules, f.name):
                 out.append((f.name, getattr(other, f.name)))
                 break

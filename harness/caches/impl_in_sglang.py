@@ -45,6 +45,9 @@ from harness.caches.sglang_unified import SglangUnifiedCache
 from reference import SGLANG_0_5_4, Rules
 from strategies.config import CacheConfig
 
+# the releases whose tree-cache interface `ImplPrefixCache` speaks (0.5.21 and before: 0.5.20's
+# `inc_lock_ref` receipts, `cache_unfinished_req`, `insert_req`, `unpin`)
+SPEAKS = ("0.5.22", "0.5.23")
 # the switches of `Rules` that are the pools' (which slot comes first, from which end), not the tree's
 POOL_SWITCHES = ("first_mamba_slot", "first_req_slot", "req_slots_from_tail")
 

@@ -34,7 +34,7 @@ from harness.checks.memory import RequestHoldings
 from harness.checks.violation import never
 from harness.operations import OperationError
 from harness.protocols.base import SchedulerProtocol
-from harness.protocols.scheduler_mirror import ModelMirror
+from harness.protocols.scheduler_mirror import mirror_class
 from harness.real_scheduler import real_scheduler_class
 from strategies.config import CacheConfig, SchedulerConfig
 
@@ -79,7 +79,7 @@ class Runtimes:
             raise ValueError(refusal)
         release, build = _scheduler_cache(cache_factory)
         self._runtime = real_scheduler_class(release)(build(config), config, scheduler)
-        self._runtime.mirror = ModelMirror(self._runtime)
+        self._runtime.mirror = mirror_class(release)(self._runtime)
         self._key = key
         return self._runtime
 
@@ -155,7 +155,11 @@ class RealSchedulerProtocol(SchedulerProtocol):
             reason = sglang_unavailable()
             if reason:
                 return f"--protocol scheduler runs {name} inside SGLang's own scheduler: {reason}"
+            from harness.caches.impl_in_sglang import SPEAKS
+
             release = sglang_version()
+            if release not in SPEAKS:
+                return f"--protocol scheduler runs {name} inside SGLang {list(SPEAKS)}'s scheduler (their tree-cache API), not {release}'s"
         elif issubclass(built, SglangUnifiedCache):
             release = cache_release(cache_factory)
         else:

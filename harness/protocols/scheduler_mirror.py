@@ -63,18 +63,24 @@ class ModelMirror:
 
     # ----- installing the wrappers ------------------------------------------------------------
 
+    def tree_calls(self) -> Tuple[Tuple[str, Twin], ...]:
+        """The tree's methods the scheduler calls, each with its twin (0.5.22 on)."""
+        return (
+            ("match_prefix", self._match_prefix),
+            ("touch_prefix", self._touch_prefix),
+            ("lock", self._lock),
+            ("unlock", self._unlock),
+            ("checkpoint", self._checkpoint),
+            ("evict", self._evict),
+            ("evict_for_alloc", self._evict),
+            ("reset", self._reset),
+        )
+
     def _install(self) -> None:
         cut = self.cut
         tree, kv, mamba, req_pool = cut.cache, cut.kv, cut.mamba_slots, cut.req_pool
         for obj, name, twin in (
-            (tree, "match_prefix", self._match_prefix),
-            (tree, "touch_prefix", self._touch_prefix),
-            (tree, "lock", self._lock),
-            (tree, "unlock", self._unlock),
-            (tree, "checkpoint", self._checkpoint),
-            (tree, "evict", self._evict),
-            (tree, "evict_for_alloc", self._evict),
-            (tree, "reset", self._reset),
+            *((tree, name, twin) for name, twin in self.tree_calls()),
             (kv, "alloc", self._kv_alloc),
             (kv, "free", self._kv_free),
             (kv, "free_group_begin", self._free_group_begin),
@@ -167,11 +173,16 @@ class ModelMirror:
                 raise Divergence(call, "running out of Mamba slots", "a slot", "none left") from None
             mreq.prefix, mreq.last = kv, last
         node = result.last_device_node
-        got = tuple(self.cut.node_kv(node)[: result.device_prefix_len])
+        got = tuple(self.cut.node_kv(node)[: self.matched_len(result)])
         self.caches.agree(call, "matched KV slots", got, kv)
         self.caches.agree(call, "last node", self.path(node), last)
         if mreq is not None:
             self._agree_mamba_slot(call, req, mreq)
+
+    @staticmethod
+    def matched_len(result: Any) -> int:
+        """How many tokens a `MatchResult` matched on the device."""
+        return result.device_prefix_len
 
     def _touch_prefix(self, key: Any) -> Generator[None, Any, None]:
         yield
@@ -222,10 +233,14 @@ class ModelMirror:
     def _release(self, req: Any, tree_cache: Any, *, checkpoint: bool) -> Generator[None, Any, None]:
         """`release_kv_cache(req, tree_cache, checkpoint=...)`: the request leaves the tree's
         care, what it computed going in with `checkpoint`."""
-        call = f"release_kv_cache(req {req.rid}, checkpoint={checkpoint})"
+        return self._released(req, f"release_kv_cache(req {req.rid}, checkpoint={checkpoint})", checkpoint)
+
+    def _released(self, req: Any, call: str, insert: bool) -> Generator[None, Any, None]:
+        """The twin of a release of `req` (`call`), what it computed going into the tree with
+        `insert` (unless the request is barred from the tree)."""
         mreq = self.twin(req)
         holds_kv, holds_mamba = req.kv.holds_kv, req.kv.holds_mamba
-        is_insert = checkpoint and not req.skip_radix_cache_insert
+        is_insert = insert and not req.skip_radix_cache_insert
         computed = self.runtime.computed_len(req)
         yield
         model = self.caches.model
@@ -344,11 +359,11 @@ def _install_module_hooks() -> None:
 
     original_release = _ORIGINALS["release_kv_cache"] = common.release_kv_cache
 
-    def release_kv_cache(req: Any, tree_cache: Any, *, checkpoint: bool) -> None:
+    def release_kv_cache(req: Any, tree_cache: Any, *args: Any, **kwargs: Any) -> None:
         mirror = _MIRRORS.get(id(tree_cache))
         if mirror is None:
-            return original_release(req, tree_cache, checkpoint=checkpoint)
-        return mirror.release_kv_cache(req, tree_cache, checkpoint=checkpoint)
+            return original_release(req, tree_cache, *args, **kwargs)
+        return mirror.release_kv_cache(req, tree_cache, *args, **kwargs)
 
     for module in list(sys.modules.values()):
         if module is not None and getattr(module, "__name__", "").startswith("sglang.") and getattr(module, "release_kv_cache", None) is original_release:
@@ -363,3 +378,62 @@ def _install_module_hooks() -> None:
                 mirror.reset_for_retract(req)
 
     Req.reset_for_retract = reset_for_retract
+
+
+class ModelMirror0521(ModelMirror):
+    """The mirror of 0.5.21's calls, the last of 0.5.20's era: a request's lock is
+    `inc_lock_ref(node)` / `dec_lock_ref(node, receipt)` (the receipt on `req.lock_receipt`),
+    a running request is cached by `cache_unfinished_req(req, chunked)`, released by
+    `release_kv_cache(req, tree_cache, is_insert)`; no `touch_prefix`."""
+
+    def tree_calls(self) -> Tuple[Tuple[str, Twin], ...]:
+        return (
+            ("match_prefix", self._match_prefix),
+            ("inc_lock_ref", self._inc_lock_ref),
+            ("dec_lock_ref", self._dec_lock_ref),
+            ("cache_unfinished_req", self._cache_unfinished_req),
+            ("evict", self._evict),
+            ("evict_for_alloc", self._evict),
+            ("reset", self._reset),
+        )
+
+    @staticmethod
+    def matched_len(result: Any) -> int:
+        return len(result.device_indices)
+
+    def _inc_lock_ref(self, node: Any, *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
+        path = self.path(node)
+        yield
+        self.caches.model.inc_lock(path)
+
+    def _dec_lock_ref(self, node: Any, *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
+        path = self.path(node)
+        yield
+        try:
+            self.caches.model.dec_lock(path)
+        except ValueError as exc:
+            raise Divergence(f"dec_lock_ref(node {node})", "the lock released", f"released node {node}", str(exc)) from None
+
+    def _cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> Generator[None, Any, None]:
+        call = f"cache_unfinished_req(req {req.rid}, chunked={chunked})"
+        mreq = self.twin(req)
+        mreq.fill = tuple(req.get_fill_ids())
+        yield
+        try:
+            self.caches.model.cache_unfinished_req(mreq)
+        except ModelMambaExhausted:
+            raise Divergence(call, "running out of Mamba slots", "a slot", "none left") from None
+        self.caches.agree(call, "the request's last node after caching", self.path(req.last_node), mreq.last)
+        self.caches.agree(call, "the tree's share of the request's row", req.kv.cache_protected_len, len(mreq.prefix))
+
+    def _release(self, req: Any, tree_cache: Any, is_insert: bool = True) -> Generator[None, Any, None]:
+        return self._released(req, f"release_kv_cache(req {req.rid}, is_insert={is_insert})", is_insert)
+
+
+# the mirror of each release whose calls are not 0.5.22's
+ERA_MIRRORS = {"0.5.21": ModelMirror0521}
+
+
+def mirror_class(version: str) -> type:
+    """The mirror of SGLang `version`'s calls."""
+    return ERA_MIRRORS.get(version, ModelMirror)

@@ -3,6 +3,7 @@
   sglang_0_5_23   SGLang 0.5.23's `Scheduler` (`RealScheduler`): the release's event loop, its
                   scheduler components and its invariant checker, driven one turn at a time;
                   0.5.22's scheduler offers the same seams and is built by it unchanged
+  sglang_0_5_21   0.5.21's: the same builder, its forward pass reading 0.5.21's extend range
 
 The protocol that drives it is `harness.protocols.scheduler` (`--protocol scheduler`);
 `docs/scheduler-protocol.md`, "The release's own scheduler", lists the releases it is built for
@@ -14,7 +15,11 @@ from __future__ import annotations
 import importlib
 
 # the releases whose own scheduler is built here, and the module building each
-RELEASES = {"0.5.22": "harness.real_scheduler.sglang_0_5_23", "0.5.23": "harness.real_scheduler.sglang_0_5_23"}
+RELEASES = {
+    "0.5.21": "harness.real_scheduler.sglang_0_5_21",
+    "0.5.22": "harness.real_scheduler.sglang_0_5_23",
+    "0.5.23": "harness.real_scheduler.sglang_0_5_23",
+}
 
 
 def real_scheduler_class(version: str) -> type:

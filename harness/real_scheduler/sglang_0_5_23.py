@@ -32,7 +32,7 @@ import socket
 import tempfile
 from array import array
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -190,7 +190,7 @@ class StandInWorker:
         computed = []
         for req in batch.reqs:
             tokens = tuple(req.origin_input_ids) + tuple(req.output_ids)
-            start, end = (req.prefix_len, req.extend_end) if extend else (len(tokens) - 1, len(tokens))
+            start, end = self.extend_range(req) if extend else (len(tokens) - 1, len(tokens))
             computed.append((req, tokens, start, end, cut.mamba_slot_of(req)))
         if any(start > 0 for _, _, start, _, _ in computed):
             states = cut.state_digests()
@@ -206,6 +206,11 @@ class StandInWorker:
             self.owner.computed[req.rid] = Computed(req.kv.req_pool_idx, slot, max(end, start))
         next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
         return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
+
+    @staticmethod
+    def extend_range(req: Any) -> Tuple[int, int]:
+        """The positions an extend computes for the request: from its prefix to its extend's end."""
+        return req.prefix_len, req.extend_end
 
     def _deferred_mamba_cow_and_clear(self, batch: Any) -> None:
         """What `ModelRunner` does before an extend (0.5.23's `model_runner.py`): zero the fresh
@@ -257,6 +262,8 @@ class RealScheduler:
     """SGLang 0.5.23's `Scheduler` over a cache under test (an `SglangUnifiedCache`), built once;
     `arrive`, `abort` and `flush` send what the tokenizer would, `turn` runs one turn of
     `event_loop_normal` (see the module docstring)."""
+
+    worker_class = StandInWorker
 
     def __init__(self, cut: Any, config: CacheConfig, scheduler_config: SchedulerConfig = SchedulerConfig()):
         if scheduler_config.disaggregation_mode != "null":
@@ -311,13 +318,13 @@ class RealScheduler:
                 self.load_snapshot_writer = None
 
             def init_tp_model_worker(self) -> None:
-                self.tp_worker = StandInWorker(owner, self)
+                self.tp_worker = owner.worker_class(owner, self)
 
-            def ingest_requests(self, stop_at_pause: bool = False) -> List:
+            def ingest_requests(self, *args: Any, **kwargs: Any) -> List:
                 owner._ingests += 1
                 if owner._ingests > 1:
                     raise TurnEnd()
-                return super().ingest_requests(stop_at_pause)
+                return super().ingest_requests(*args, **kwargs)
 
         self._ingests = 0
         # no watchdog threads: one SIGQUITs the *parent* process (a shell, pytest's controller)
