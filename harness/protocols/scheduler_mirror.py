@@ -64,16 +64,17 @@ class ModelMirror:
     # ----- installing the wrappers ------------------------------------------------------------
 
     def tree_calls(self) -> Tuple[Tuple[str, Twin], ...]:
-        """The tree's methods the scheduler calls, each with its twin (0.5.22 on)."""
+        """The tree's methods the scheduler calls, each with its twin."""
+        shared = (("match_prefix", self._match_prefix), ("evict", self._evict), ("evict_for_alloc", self._evict), ("reset", self._reset))
+        return shared + self.request_calls()
+
+    def request_calls(self) -> Tuple[Tuple[str, Twin], ...]:
+        """The calls that walk, lock and cache a request's path, with their twins (0.5.22 on)."""
         return (
-            ("match_prefix", self._match_prefix),
             ("touch_prefix", self._touch_prefix),
             ("lock", self._lock),
             ("unlock", self._unlock),
             ("checkpoint", self._checkpoint),
-            ("evict", self._evict),
-            ("evict_for_alloc", self._evict),
-            ("reset", self._reset),
         )
 
     def _install(self) -> None:
@@ -209,9 +210,13 @@ class ModelMirror:
             raise Divergence("unlock(lock)", "the lock released", f"released node {receipt.node}", str(exc)) from None
 
     def _checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> Generator[None, Any, None]:
-        call = f"checkpoint(req {req.rid}, up_to={up_to})"
         mreq = self.twin(req)
-        mreq.fill = tuple(mreq.origin + tuple(mreq.output))[:up_to]
+        return self._cached(req, f"checkpoint(req {req.rid}, up_to={up_to})", tuple(mreq.origin + tuple(mreq.output))[:up_to])
+
+    def _cached(self, req: Any, call: str, fill: Tuple[int, ...]) -> Generator[None, Any, None]:
+        """The twin of caching a running request's first tokens, `fill` (`call`)."""
+        mreq = self.twin(req)
+        mreq.fill = fill
         yield
         try:
             self.caches.model.cache_unfinished_req(mreq)
@@ -386,15 +391,11 @@ class ModelMirror0521(ModelMirror):
     a running request is cached by `cache_unfinished_req(req, chunked)`, released by
     `release_kv_cache(req, tree_cache, is_insert)`; no `touch_prefix`."""
 
-    def tree_calls(self) -> Tuple[Tuple[str, Twin], ...]:
+    def request_calls(self) -> Tuple[Tuple[str, Twin], ...]:
         return (
-            ("match_prefix", self._match_prefix),
             ("inc_lock_ref", self._inc_lock_ref),
             ("dec_lock_ref", self._dec_lock_ref),
             ("cache_unfinished_req", self._cache_unfinished_req),
-            ("evict", self._evict),
-            ("evict_for_alloc", self._evict),
-            ("reset", self._reset),
         )
 
     @staticmethod
@@ -415,16 +416,7 @@ class ModelMirror0521(ModelMirror):
             raise Divergence(f"dec_lock_ref(node {node})", "the lock released", f"released node {node}", str(exc)) from None
 
     def _cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> Generator[None, Any, None]:
-        call = f"cache_unfinished_req(req {req.rid}, chunked={chunked})"
-        mreq = self.twin(req)
-        mreq.fill = tuple(req.get_fill_ids())
-        yield
-        try:
-            self.caches.model.cache_unfinished_req(mreq)
-        except ModelMambaExhausted:
-            raise Divergence(call, "running out of Mamba slots", "a slot", "none left") from None
-        self.caches.agree(call, "the request's last node after caching", self.path(req.last_node), mreq.last)
-        self.caches.agree(call, "the tree's share of the request's row", req.kv.cache_protected_len, len(mreq.prefix))
+        return self._cached(req, f"cache_unfinished_req(req {req.rid}, chunked={chunked})", tuple(req.get_fill_ids()))
 
     def _release(self, req: Any, tree_cache: Any, is_insert: bool = True) -> Generator[None, Any, None]:
         return self._released(req, f"release_kv_cache(req {req.rid}, is_insert={is_insert})", is_insert)
