@@ -4,6 +4,8 @@
                   scheduler components and its invariant checker, driven one turn at a time;
                   0.5.22's scheduler offers the same seams and is built by it unchanged
   sglang_0_5_21   0.5.21's: the same builder, its forward pass reading 0.5.21's extend range
+  sglang_0_5_20   0.5.20's: 0.5.21's, the process groups set up by the stand-in worker (0.5.20's
+                  model runner did), the settings published and the ranks passed as 0.5.20 takes them
 
 The protocol that drives it is `harness.protocols.scheduler` (`--protocol scheduler`);
 `docs/scheduler-protocol.md`, "The release's own scheduler", lists the releases it is built for
@@ -16,6 +18,7 @@ import importlib
 
 # the releases whose own scheduler is built here, and the module building each
 RELEASES = {
+    "0.5.20": "harness.real_scheduler.sglang_0_5_20",
     "0.5.21": "harness.real_scheduler.sglang_0_5_21",
     "0.5.22": "harness.real_scheduler.sglang_0_5_23",
     "0.5.23": "harness.real_scheduler.sglang_0_5_23",

@@ -335,16 +335,16 @@ class RealScheduler:
         try:
             for attempt in range(BUILD_TRIES):
                 # the process groups are built once per process: an earlier build's go first
-                if bootstrap._PARALLEL_INITIALISED or torch.distributed.is_initialized():
+                if getattr(bootstrap, "_PARALLEL_INITIALISED", False) or torch.distributed.is_initialized():
                     from sglang.srt.distributed import parallel_state
 
                     parallel_state.destroy_model_parallel()
                     parallel_state.destroy_distributed_environment()
                 # the gloo group's port: another process of a parallel run may take it first
                 server_args = ServerArgs(nccl_port=_free_port(), **settings)
-                runtime_context.publish(server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+                self.publish(runtime_context, server_args)
                 try:
-                    self.scheduler = HarnessScheduler(server_args, PortArgs.init_new(server_args))
+                    self.scheduler = self.construct(HarnessScheduler, server_args, PortArgs.init_new(server_args))
                     break
                 except torch.distributed.DistNetworkError:
                     if attempt == BUILD_TRIES - 1:
@@ -353,6 +353,16 @@ class RealScheduler:
             scheduler_module.create_scheduler_watchdog = make_watchdog
             del _BUILDING["cut"]
         self._name_checker_failures()
+
+    @staticmethod
+    def publish(runtime_context: Any, server_args: Any) -> None:
+        """Install the server settings process-wide, as the scheduler process of rank 0 does."""
+        runtime_context.publish(server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+
+    @staticmethod
+    def construct(scheduler_class: type, server_args: Any, port_args: Any) -> Any:
+        """The scheduler of rank 0 (its ranks read from the published settings)."""
+        return scheduler_class(server_args, port_args)
 
     @property
     def max_running_requests(self) -> int:
