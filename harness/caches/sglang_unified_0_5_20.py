@@ -32,7 +32,7 @@ class SglangUnified0520Cache(SglangUnifiedCache):
 
     rules = SGLANG_UNIFIED_0_5_20
     default_protocol = "unified-0.5.20"
-    protocols = ("unified", "unified-0.5.20", "scheduler")  # the real scheduler: 0.5.20, 0.5.21 (`RELEASES`)
+    protocols = ("unified", "unified-0.5.20", "scheduler")  # the real scheduler: 0.5.19 .. 0.5.21 (`RELEASES`)
 
     def __init__(self, config: CacheConfig, tree_core: Optional[str] = None):
         super().__init__(config, tree_core)

@@ -386,7 +386,7 @@ def _install_module_hooks() -> None:
 
 
 class ModelMirror0520(ModelMirror):
-    """The mirror of 0.5.20's era of calls (0.5.20, 0.5.21): a request's lock is
+    """The mirror of 0.5.20's era of calls (0.5.19 .. 0.5.21): a request's lock is
     `inc_lock_ref(node)` / `dec_lock_ref(node, receipt)` (the receipt on `req.lock_receipt`),
     a running request is cached by `cache_unfinished_req(req, chunked)`, released by
     `release_kv_cache(req, tree_cache, is_insert)`; no `touch_prefix`."""
@@ -423,7 +423,7 @@ class ModelMirror0520(ModelMirror):
 
 
 # the mirror of each release whose calls are not 0.5.22's
-ERA_MIRRORS = {"0.5.20": ModelMirror0520, "0.5.21": ModelMirror0520}
+ERA_MIRRORS = {version: ModelMirror0520 for version in ("0.5.19", "0.5.20", "0.5.21")}
 
 
 def mirror_class(version: str) -> type:

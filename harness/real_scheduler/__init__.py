@@ -6,6 +6,8 @@
   sglang_0_5_21   0.5.21's: the same builder, its forward pass reading 0.5.21's extend range
   sglang_0_5_20   0.5.20's: 0.5.21's, the process groups set up by the stand-in worker (0.5.20's
                   model runner did), the settings published and the ranks passed as 0.5.20 takes them
+  sglang_0_5_19   0.5.19's: 0.5.20's, a turn ending at its loop's receive, the model runner's
+                  copy-on-write made in the Mamba pool
 
 The protocol that drives it is `harness.protocols.scheduler` (`--protocol scheduler`);
 `docs/scheduler-protocol.md`, "The release's own scheduler", lists the releases it is built for
@@ -18,6 +20,7 @@ import importlib
 
 # the releases whose own scheduler is built here, and the module building each
 RELEASES = {
+    "0.5.19": "harness.real_scheduler.sglang_0_5_19",
     "0.5.20": "harness.real_scheduler.sglang_0_5_20",
     "0.5.21": "harness.real_scheduler.sglang_0_5_21",
     "0.5.22": "harness.real_scheduler.sglang_0_5_23",
