@@ -4,7 +4,7 @@ protocol of the same release, the same programs, side by side in one process.
     SGLANG_MAMBA_SSM_DTYPE=float32 python -m bench.protocols [--programs 40] [--steps 200]
         [--rounds 3] [--config medium ...] [--tree-core python|rust] [--seed 1] [--json FILE]
 
-Needs an SGLang release the real scheduler is built for (0.5.21 .. 0.5.23). The programs are drawn once,
+Needs an SGLang release the real scheduler is built for (0.5.19 .. 0.5.23). The programs are drawn once,
 by the random engine's chooser running under the hand-written protocol (`unified`); each round
 then runs every program under each protocol in turn, every check after every step, the known
 findings set aside. A program stops at its first failure under either protocol (the two

@@ -4,7 +4,7 @@ checks every resumed Mamba state, SGLang's invariant checker runs strict where t
 it, and every slot comes back once the requests are done; under `--protocol scheduler` the model
 sees every call it makes.
 
-Skips, saying so, unless a release the real scheduler is built for (0.5.21 .. 0.5.23) is installed
+Skips, saying so, unless a release the real scheduler is built for (0.5.19 .. 0.5.23) is installed
 (CI has no SGLang).
 """
 
