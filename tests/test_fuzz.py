@@ -224,3 +224,27 @@ def test_fuzz_options_given_in_code_are_checked_too():
         FuzzOptions(configs=["enormous"], device="cpu").check()
     with pytest.raises(ValueError, match="the budget must be a positive, finite number of seconds, got nan"):
         FuzzOptions(seconds=float("nan"), device="cpu").check()
+
+
+def test_shrinking_stops_at_its_deadline_with_a_trace_that_still_fails(tmp_path):
+    """A failure found as the budget runs out is shrunk only as far as time allows: past the
+    deadline no reduction is tried, and what is kept still fails the same way."""
+    import random
+
+    from harness.engines.random_engine import ProgramFailed, random_program
+    from harness.engines.shrink import shrink_operations
+    from strategies import SCENARIOS
+
+    factory = functools.partial(ImplCache, cache_class=SplitOffByOne)
+    failed = None
+    for seed in range(50):
+        try:
+            random_program(SCENARIOS["medium"], factory, random.Random(seed), 200, "cpu", str(tmp_path), shrink=False)
+        except ProgramFailed as exc:
+            failed = exc.trace
+            break
+    assert failed is not None, "the planted bug was not met in 50 programs"
+    kept = shrink_operations(failed, factory, until=time.monotonic() - 1)
+    assert kept.operations == failed.operations and kept.failure.check == failed.failure.check
+    shrunk = shrink_operations(failed, factory)
+    assert len(shrunk.operations) < len(failed.operations) and shrunk.failure.check == failed.failure.check

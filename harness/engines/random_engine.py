@@ -40,11 +40,12 @@ def random_program(
     checks: frozenset = CHECKS,
     shrink: bool = True,
     claim: Callable[[Signature], bool] = lambda signature: True,
+    shrink_until: Optional[float] = None,
 ) -> None:
     """One seeded random program of `steps` operations, every check after each. Raises
     `ProgramFailed` (its failure shrunk, unless told not to, and saved as a trace) when a step
     or check fails in a way `set_aside` does not cover and `claim` (asked before shrinking: a
-    fuzz's other processes may have found it first) takes."""
+    fuzz's other processes may have found it first) takes; shrinking stops at `shrink_until`."""
     draws = RandomDraws(random.Random(rng.getrandbits(64)))
     config = draws.config(scenario, device)
     scheduler = set_aside.settings(draws.scheduler(scenario, config))
@@ -70,7 +71,7 @@ def random_program(
     if not claim(signature):
         return
     on_event("program failed")
-    shrunk = shrink_operations(failed, cache_factory, driver.protocol_name) if shrink else failed
+    shrunk = shrink_operations(failed, cache_factory, driver.protocol_name, shrink_until) if shrink else failed
     path = save_trace(shrunk, trace_dir)
     raise ProgramFailed(failed.failure.check, failed.failure.message, shrunk, path, signature)
 

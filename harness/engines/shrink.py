@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
@@ -26,11 +27,14 @@ def same_failure(failure: Failure, other: Optional[Failure]) -> bool:
     return failure.check == other.check
 
 
-def shrink_operations(trace: Trace, cache_factory: CacheFactory, protocol: Optional[str] = None) -> Trace:
+def shrink_operations(trace: Trace, cache_factory: CacheFactory, protocol: Optional[str] = None, until: Optional[float] = None) -> Trace:
     """Delta debugging (ddmin over complements) of a failing trace's operations, keeping only
-    reductions that still fail the same way (`same_failure`)."""
+    reductions that still fail the same way (`same_failure`); past `until` (`time.monotonic()`)
+    it tries no more, keeping the shortest failing trace found so far."""
 
     def fails(ops: List[Dict[str, Any]]) -> bool:
+        if until is not None and time.monotonic() > until:
+            return False
         try:
             verdict = replay(replace(trace, operations=ops), cache_factory, protocol=protocol)
         except TraceError:
@@ -55,8 +59,9 @@ def shrink_operations(trace: Trace, cache_factory: CacheFactory, protocol: Optio
     return replace(trace, operations=ops, failure=verdict.failure)
 
 
-def shrink_saved(path: str, cache_factory: CacheFactory, trace_dir: str) -> Optional[str]:
-    """Shrink the failing trace saved at `path` and save the result in its place; returns the
+def shrink_saved(path: str, cache_factory: CacheFactory, trace_dir: str, until: Optional[float] = None) -> Optional[str]:
+    """Shrink the failing trace saved at `path` (trying until `until`, see `shrink_operations`)
+    and save the result in its place; returns the
     new path, or None when the trace is gone: another worker that failed the same way (the same
     operations, so the same file name) is shrinking it, and reports it."""
     try:
@@ -65,7 +70,7 @@ def shrink_saved(path: str, cache_factory: CacheFactory, trace_dir: str) -> Opti
         if os.path.exists(path):
             raise
         return None
-    shrunk = save_trace(shrink_operations(trace, cache_factory), trace_dir)
+    shrunk = save_trace(shrink_operations(trace, cache_factory, until=until), trace_dir)
     if os.path.abspath(shrunk) != os.path.abspath(path):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)

@@ -28,6 +28,9 @@ from harness.signature import check_of
 from strategies import SCENARIOS
 
 ROUND_EXAMPLES = 5  # small rounds: the budget is checked between rounds
+# a failure is shrunk until the budget ends, or for this long if that is sooner: shrinking under
+# the release's own scheduler replays the trace dozens of times, and ran 45 s budgets to minutes
+MIN_SHRINK_SECONDS = 20.0
 # Hypothesis finds the failing example; delta debugging shrinks its trace (Hypothesis' own
 # shrinker takes minutes on these programs, ddmin seconds)
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
@@ -38,9 +41,15 @@ class Round:
     set-aside the engines consult (it grows as buckets are found), and `stats`, whose
     `failures` are this process's buckets."""
 
-    def __init__(self, options: FuzzOptions, factory, worker: int, claims: Claims, stats: Stats, out: TextIO):
+    def __init__(self, options: FuzzOptions, factory, worker: int, claims: Claims, stats: Stats, out: TextIO, deadline: float):
         self.options, self.factory, self.worker, self.claims, self.stats, self.out = options, factory, worker, claims, stats, out
         self.set_aside = options.known_findings()
+        self.deadline = deadline  # when the budget ends (`time.monotonic()`)
+
+    def shrink_until(self) -> float:
+        """When shrinking a failure found now stops: at the budget's end, but never sooner than
+        `MIN_SHRINK_SECONDS` from now (a failure found late is still shrunk some)."""
+        return max(self.deadline, time.monotonic() + MIN_SHRINK_SECONDS)
 
     def claim(self, signature) -> bool:
         """Whether this process shrinks and reports a failure with `signature`; either way it is
@@ -85,7 +94,7 @@ def hypothesis_round(rnd: Round, machine, scenario_name: str, round_no: int, dat
                 os.remove(path)
             return None
         if path is not None:
-            path = shrink_saved(path, rnd.factory, options.trace_dir)
+            path = shrink_saved(path, rnd.factory, options.trace_dir, rnd.shrink_until())
         return rnd.found(signature, check_of(exc), str(exc), scenario_name, path)
     return None
 
@@ -95,7 +104,7 @@ def random_round(rnd: Round, scenario_name: str, rng: random.Random, steps: int)
     options = rnd.options
     try:
         random_program(SCENARIOS[scenario_name], rnd.factory, rng, steps, options.device, options.trace_dir, rnd.stats.record,
-                       options.protocol, rnd.set_aside, claim=rnd.claim)
+                       options.protocol, rnd.set_aside, claim=rnd.claim, shrink_until=rnd.shrink_until())
     except ProgramFailed as failed:
         return rnd.found(failed.signature, failed.check, failed.message, scenario_name, failed.path)
     return None
@@ -124,7 +133,7 @@ def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None, 
             progress.show(stats.programs, stats.steps, len(stats.failures))
 
     stats.on_tick = tick
-    rnd = Round(options, factory, worker, claims or Claims(), stats, out)
+    rnd = Round(options, factory, worker, claims or Claims(), stats, out, deadline)
     database = open_database(options.db) if options.engine == "hypothesis" else None
     rng = random.Random(None if options.seed is None else options.seed * 7919 + worker)
     # one machine class per configuration for the whole run: Hypothesis keeps what it learns of a
