@@ -39,7 +39,7 @@ import torch
 
 import impl
 from harness.caches.base import CacheUnderTest
-from harness.caches.impl import read_lru
+from harness.caches.impl import class_impl_name, read_lru
 from harness.caches.sglang_releases import unified_rules
 from harness.caches.sglang_unified import SglangUnifiedCache
 from reference import SGLANG_0_5_4, Rules
@@ -313,7 +313,7 @@ class ImplInSglangCache(SglangUnifiedCache):
     def __init__(self, config: CacheConfig, cache_class: Callable[..., Any] = impl.MambaRadixCache):
         self._cache_class = cache_class
         super().__init__(config, tree_core="python")
-        self.name = "impl" if cache_class is impl.MambaRadixCache else f"{cache_class.__module__}:{cache_class.__qualname__}"
+        self.name = "impl" if cache_class is impl.MambaRadixCache else class_impl_name(cache_class)
         self.release = impl.__version__
 
     @classmethod
@@ -335,9 +335,6 @@ class ImplInSglangCache(SglangUnifiedCache):
 
     def _path_kv(self, node: Any) -> torch.Tensor:
         return self.cache.path_device_indices(node)
-
-    def node_kv(self, node: Any) -> Tuple[int, ...]:
-        return tuple(self._path_kv(node).tolist())
 
     def read_lru(self, which: str) -> Tuple[list, bool]:
         return read_lru(self.tree, which)

@@ -118,12 +118,17 @@ class SchedulerProtocol:
             )
         return out
 
+    def node_holders(self) -> Iterable[Any]:
+        """The cache under test's requests that may refer to tree nodes: the referenced ones."""
+        return [r.cut for r in self.referenced_requests()]
+
     def held_nodes(self) -> Iterable[Any]:
-        """The tree nodes the scheduler's requests refer to (`CacheUnderTest.nodes_of`, and those
-        nodes' ancestors): alive whether or not they are still in the tree."""
+        """The tree nodes the scheduler's requests refer to (`node_holders`,
+        `CacheUnderTest.nodes_of`, and those nodes' ancestors): alive whether or not they are
+        still in the tree."""
         cut = self.caches.cut
-        for r in self.referenced_requests():
-            for handle in cut.nodes_of(r.cut):
+        for req in self.node_holders():
+            for handle in cut.nodes_of(req):
                 node = cut.node_object(handle)
                 while node is not None:
                     yield node

@@ -220,16 +220,10 @@ class RealSchedulerProtocol(SchedulerProtocol):
     def live_requests(self) -> List[LiveRequest]:
         return self.referenced_requests()
 
-    def held_nodes(self) -> Iterable[Any]:
-        """The nodes every request the scheduler still refers to names, finished ones too (a
-        finished request stays in the running batch until the next turn), with their ancestors."""
-        cut = self.caches.cut
-        for req in self.runtime.held_requests():
-            for handle in cut.nodes_of(req):
-                node = cut.node_object(handle)
-                while node is not None:
-                    yield node
-                    node = node.parent
+    def node_holders(self) -> Iterable[Any]:
+        """Every request the scheduler still refers to, finished ones too (a finished request
+        stays in the running batch until the next turn)."""
+        return self.runtime.held_requests()
 
     def holdings(self) -> List[RequestHoldings]:
         """Per live request: the KV slots its row owns (`[cache_protected_len,

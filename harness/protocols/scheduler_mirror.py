@@ -210,8 +210,8 @@ class ModelMirror:
             raise Divergence("unlock(lock)", "the lock released", f"released node {receipt.node}", str(exc)) from None
 
     def _checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> Generator[None, Any, None]:
-        mreq = self.twin(req)
-        return self._cached(req, f"checkpoint(req {req.rid}, up_to={up_to})", tuple(mreq.origin + tuple(mreq.output))[:up_to])
+        fill = (tuple(req.origin_input_ids) + tuple(req.output_ids))[:up_to]
+        return self._cached(req, f"checkpoint(req {req.rid}, up_to={up_to})", fill)
 
     def _cached(self, req: Any, call: str, fill: Tuple[int, ...]) -> Generator[None, Any, None]:
         """The twin of caching a running request's first tokens, `fill` (`call`)."""

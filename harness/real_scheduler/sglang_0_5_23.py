@@ -327,7 +327,6 @@ class RealScheduler:
             def init_tp_model_worker(self) -> None:
                 self.tp_worker = owner.worker_class(owner, self)
 
-
         ingest = getattr(scheduler_module.Scheduler, self.INGEST)
 
         def ingest_once_a_turn(scheduler: Any, *args: Any, **kwargs: Any) -> Any:
