@@ -4,7 +4,7 @@ checks every resumed Mamba state, SGLang's invariant checker runs strict where t
 it, and every slot comes back once the requests are done; under `--protocol scheduler` the model
 sees every call it makes.
 
-Skips, saying so, unless a release the real scheduler is built for (0.5.19 .. 0.5.23) is installed
+Skips, saying so, unless a release the real scheduler is built for (0.5.16 .. 0.5.23) is installed
 (CI has no SGLang).
 """
 
@@ -16,6 +16,14 @@ from strategies.config import CacheConfig, SchedulerConfig
 pytestmark = pytest.mark.sglang
 
 CONFIG = CacheConfig(kv_size=64, mamba_size=8, req_size=4)
+
+
+def tree_cores() -> tuple:
+    """The installed release's unified cache on each tree core it ships (the Python one alone
+    before 0.5.19)."""
+    from harness.caches.sglang_releases import has_tree_cores
+
+    return ("sglang-python", "sglang-rust") if has_tree_cores(sglang_version()) else ("sglang-python",)
 
 
 @pytest.fixture(scope="module")
@@ -179,15 +187,15 @@ def test_the_fuzz_leaves_out_settings_the_real_scheduler_cannot_run(real):
     options.check()
     assert (options.configs, options.left_out) == (["medium"], ["disagg_prefill"])
     with pytest.raises(ValueError, match="runs none of"):
-        FuzzOptions(impl="sglang-rust", protocol="scheduler", configs=["disagg_prefill"], device="cpu").check()
+        FuzzOptions(impl="sglang-python", protocol="scheduler", configs=["disagg_prefill"], device="cpu").check()
 
 
 def test_the_real_scheduler_is_the_default_protocol_of_its_release(factory):
     from harness.caches import cache_factory, default_protocol
 
-    assert default_protocol(factory) == "scheduler"
-    assert default_protocol(cache_factory("sglang-rust")) == "scheduler"
-    assert default_protocol(cache_factory("sglang-parity")) in ("unified", "unified-0.5.20")  # no scheduler drives two trees
+    assert all(default_protocol(cache_factory(core)) == "scheduler" for core in tree_cores())
+    if len(tree_cores()) > 1:  # no scheduler drives two trees
+        assert default_protocol(cache_factory("sglang-parity")) in ("unified", "unified-0.5.20")
 
 
 # ----- impl registered as the radix cache of SGLang's own scheduler -----------------------------
@@ -246,8 +254,8 @@ def _unified_era_traces():
 @pytest.mark.parametrize("name", _unified_era_traces())
 def test_a_unified_era_trace_keeps_its_verdict_under_the_real_scheduler(real, name):
     """Recorded under the hand-written calls of 0.5.20 or 0.5.23 (or under the scheduler
-    itself): on 0.5.23's Python core under its own scheduler it fails with the check it
-    recorded, on the Rust core and with impl inside it passes."""
+    itself): on the installed release's Python core under its own scheduler it fails with the
+    check it recorded, on the Rust core (0.5.19 on) and with impl inside (0.5.22 on) it passes."""
     import os
 
     from harness.caches import cache_factory
@@ -257,7 +265,7 @@ def test_a_unified_era_trace_keeps_its_verdict_under_the_real_scheduler(real, na
     if trace.scheduler.disaggregation_mode != "null":
         pytest.skip("recorded with disaggregated prefill, which the real scheduler does not build "
                     "(its finding has a scheduler-recorded trace, sglang-0.5.23/scheduler-*.json)")
-    for cache in ("sglang-python", "sglang-rust", "impl") if speaks_impl() else ("sglang-python", "sglang-rust"):
+    for cache in tree_cores() + (("impl",) if speaks_impl() else ()):
         verdict = replay(trace, cache_factory(cache), protocol="scheduler")
         if cache == "sglang-python":
             assert not verdict.ok and verdict.failure.check == trace.failure.check, (cache, verdict)

@@ -78,6 +78,17 @@ class Sglang0520Cache(Sglang0513Cache):
     def slots_of(self, req: Any) -> Any:
         return req.kv
 
+    def allocated_len_of(self, req: Any) -> int:
+        """How many positions of the request's row hold KV slots it was given."""
+        return self.slots_of(req).kv_allocated_len
+
+    def protected_len_of(self, req: Any) -> int:
+        """How many positions of the request's row the tree holds (`cache_protected_len`)."""
+        return self.slots_of(req).cache_protected_len
+
+    def kv_released(self, req: Any) -> bool:
+        """Whether the request's KV went back (`release_kv_cache` done)."""
+        return req.kv.is_kv_released
     def sanity_check(self) -> None:
         """The tree's self-check, in the single-GPU process it runs in (tensor-parallel rank 0:
         a failed check prints the tree and raises, as it does there; the print is dropped)."""

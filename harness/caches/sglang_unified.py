@@ -245,9 +245,13 @@ class SglangUnifiedCache(Sglang0520Cache):
         """What holds the nodes and the LRU lists: the tree core (0.5.17 on)."""
         return self.cache.tree_core
 
+    def root_handle(self) -> Any:
+        """How the tree names its root where it hands out nodes (a node id from 0.5.17)."""
+        return self.cache.root_node_handle()
+
     def _path_kv(self, node: int) -> torch.Tensor:
         """The KV slots from the root to `node` (`path_device_indices` in 0.5.23)."""
-        return self.tree.collect_full_device_indices(node, self.cache.root_node_handle())
+        return self.tree.collect_full_device_indices(node, self.root_handle())
 
     def node_kv(self, node: Any) -> Tuple[int, ...]:
         """The KV slots of every token from the root to `node` (a node id), as the tree gives

@@ -27,6 +27,9 @@ class SglangUnified0516Cache(SglangUnified0517Cache):
     def node_object(self, node: Any) -> Any:
         return node
 
+    def root_handle(self) -> Any:
+        return self.cache.root_node
+
     def _path_kv(self, node: Any) -> torch.Tensor:
         """The KV slots from the root to `node`, read up its parent links."""
         parts = []

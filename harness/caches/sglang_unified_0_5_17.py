@@ -25,6 +25,13 @@ class SglangUnified0517Cache(SglangUnified0520Cache):
     def slots_of(self, req: Any) -> Any:
         return req
 
+    def allocated_len_of(self, req: Any) -> int:
+        return 0 if req.kv is None else req.kv.kv_allocated_len
+
+    def kv_released(self, req: Any) -> bool:
+        """`release_kv_cache` drops `req.kv` (a request that never got KV has none either)."""
+        return req.kv is None
+
     def write_row(self, req: Any, start: int, slots: torch.Tensor) -> None:
         """The row is written and the request's KV committed up to its end; its allocated length
         goes in `req.kv`, created on the first extend as `alloc_for_extend` creates it."""

@@ -230,17 +230,17 @@ class RealSchedulerProtocol(SchedulerProtocol):
         kv_allocated_len)`), its Mamba and request slots as SGLang's `Req` holds them; the row
         positions and the state the stand-in forward pass computed for it."""
         live = self.live_requests()
-        rows = self.caches.cut.req_rows(max((r.cut.kv.kv_allocated_len for r in live), default=0))
+        cut = self.caches.cut
+        rows = cut.req_rows(max((cut.allocated_len_of(r.cut) for r in live), default=0))
         out = []
         for r in live:
-            kv = r.cut.kv
-            slot = None if kv.req_pool_idx is None else int(kv.req_pool_idx)
-            row = () if slot is None else tuple(rows[slot][: kv.kv_allocated_len])
+            slot = cut.req_slot_of(r.cut)
+            row = () if slot is None else tuple(rows[slot][: cut.allocated_len_of(r.cut)])
             out.append(
                 RequestHoldings(
                     rid=r.rid,
-                    kv=row[kv.cache_protected_len :],
-                    mamba=self.caches.cut.mamba_slot_of(r.cut),
+                    kv=row[cut.protected_len_of(r.cut) :],
+                    mamba=cut.mamba_slot_of(r.cut),
                     req_slot=slot,
                     extra_key=r.extra_key,
                     tokens=r.tokens(),

@@ -139,15 +139,16 @@ class ModelMirror:
         if mreq is None:
             mreq = self.twins[req.rid] = ModelReq(rid=int(req.rid), origin=tuple(req.origin_input_ids), extra_key=req.extra_key)
         mreq.output = list(req.output_ids)
-        if req.kv.req_pool_idx is not None and req.kv.kv_allocated_len:
-            row = self.cut.req_pool.req_to_token[req.kv.req_pool_idx, : req.kv.kv_allocated_len].tolist()
+        slot, allocated = self.cut.req_slot_of(req), self.cut.allocated_len_of(req)
+        if slot is not None and allocated:
+            row = self.cut.req_pool.req_to_token[slot, :allocated].tolist()
             mreq.row = dict(enumerate(row))
         return mreq
 
     def path(self, node: Any) -> Any:
         """The model's path of a tree node (an id): its path from the root, or, for a tree whose
         nodes cannot be read, the model's node holding the same KV slots from the root."""
-        if node == self.cut.cache.root_node_handle():
+        if node == self.cut.root_handle():
             return ROOT
         if not self.cut.opaque:
             return self.cut.path_of(node)
@@ -223,7 +224,7 @@ class ModelMirror:
         except ModelMambaExhausted:
             raise Divergence(call, "running out of Mamba slots", "a slot", "none left") from None
         self.caches.agree(call, "the request's last node after caching", self.path(req.last_node), mreq.last)
-        self.caches.agree(call, "the tree's share of the request's row", req.kv.cache_protected_len, len(mreq.prefix))
+        self.caches.agree(call, "the tree's share of the request's row", self.cut.protected_len_of(req), len(mreq.prefix))
 
     def _evict(self, params: Any, *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
         yield
@@ -244,7 +245,7 @@ class ModelMirror:
         """The twin of a release of `req` (`call`), what it computed going into the tree with
         `insert` (unless the request is barred from the tree)."""
         mreq = self.twin(req)
-        holds_kv, holds_mamba = req.kv.holds_kv, req.kv.holds_mamba
+        holds_kv, holds_mamba = self.cut.req_slot_of(req) is not None, self.cut.mamba_slot_of(req) is not None
         is_insert = insert and not req.skip_radix_cache_insert
         computed = self.runtime.computed_len(req)
         yield
@@ -258,7 +259,7 @@ class ModelMirror:
             model.cache_finished_req(mreq, is_insert=is_insert, length=computed)
         except ValueError as exc:
             raise Divergence(call, "what the request releases", "released", str(exc)) from None
-        self.caches.agree(call, f"request {req.rid}'s request slot", req.kv.req_pool_idx, mreq.req_slot)
+        self.caches.agree(call, f"request {req.rid}'s request slot", self.cut.req_slot_of(req), mreq.req_slot)
 
     def reset_for_retract(self, req: Any) -> None:
         """`Req.reset_for_retract`: the twin has no prefix, node or Mamba slot any more."""
@@ -422,8 +423,19 @@ class ModelMirror0520(ModelMirror):
         return self._released(req, f"release_kv_cache(req {req.rid}, is_insert={is_insert})", is_insert)
 
 
+class ModelMirror0518(ModelMirror0520):
+    """The mirror of 0.5.16 .. 0.5.18: 0.5.20's calls, the scheduler's evictions all `evict`
+    (`evict_for_alloc` came in 0.5.19)."""
+
+    def tree_calls(self) -> Tuple[Tuple[str, Twin], ...]:
+        return tuple((name, twin) for name, twin in super().tree_calls() if name != "evict_for_alloc")
+
+
 # the mirror of each release whose calls are not 0.5.22's
-ERA_MIRRORS = {version: ModelMirror0520 for version in ("0.5.19", "0.5.20", "0.5.21")}
+ERA_MIRRORS = {
+    **{version: ModelMirror0518 for version in ("0.5.16", "0.5.17", "0.5.18")},
+    **{version: ModelMirror0520 for version in ("0.5.19", "0.5.20", "0.5.21")},
+}
 
 
 def mirror_class(version: str) -> type:

@@ -8,6 +8,8 @@
                   model runner did), the settings published and the ranks passed as 0.5.20 takes them
   sglang_0_5_19   0.5.19's: 0.5.20's, a turn ending at its loop's receive, the model runner's
                   copy-on-write made in the Mamba pool
+  sglang_0_5_18   0.5.17's and 0.5.18's: 0.5.19's, the settings handed to the n-gram manager
+  sglang_0_5_16   0.5.16's: 0.5.18's, the settings installed without `publish`
 
 The protocol that drives it is `harness.protocols.scheduler` (`--protocol scheduler`);
 `docs/scheduler-protocol.md`, "The release's own scheduler", lists the releases it is built for
@@ -20,6 +22,9 @@ import importlib
 
 # the releases whose own scheduler is built here, and the module building each
 RELEASES = {
+    "0.5.16": "harness.real_scheduler.sglang_0_5_16",
+    "0.5.17": "harness.real_scheduler.sglang_0_5_18",
+    "0.5.18": "harness.real_scheduler.sglang_0_5_18",
     "0.5.19": "harness.real_scheduler.sglang_0_5_19",
     "0.5.20": "harness.real_scheduler.sglang_0_5_20",
     "0.5.21": "harness.real_scheduler.sglang_0_5_21",

@@ -152,8 +152,13 @@ class StandInWorker:
         )
         self.model_runner.ngram_embedding_manager = NgramEmbeddingManager.from_model(
             model=None, model_config=scheduler.model_config, req_to_token_pool=cut.req_pool,
-            max_running_requests=owner.max_running_requests, device=config.device,
+            max_running_requests=owner.max_running_requests, device=config.device, **self.ngram_settings(scheduler),
         )
+
+    @staticmethod
+    def ngram_settings(scheduler: Any) -> Dict[str, Any]:
+        """What else the release's `NgramEmbeddingManager.from_model` takes (nothing from 0.5.19)."""
+        return {}
 
     def get_memory_pool(self):
         return self.owner.cut.req_pool, self.owner.cut.kv
@@ -200,10 +205,10 @@ class StandInWorker:
         for req, tokens, start, end, slot in computed:
             if end > start:
                 values = self.owner.record_digests(req.extra_key, tokens[:end], start)
-                row = cut.req_pool.req_to_token[req.kv.req_pool_idx, start:end].tolist()
+                row = cut.req_pool.req_to_token[cut.req_slot_of(req), start:end].tolist()
                 cut.write_kv(row, values[start:end])
                 cut.write_state(slot, values[end - 1])
-            self.owner.computed[req.rid] = Computed(req.kv.req_pool_idx, slot, max(end, start))
+            self.owner.computed[req.rid] = Computed(cut.req_slot_of(req), slot, max(end, start))
         next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
         return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
 
@@ -439,7 +444,7 @@ class RealScheduler:
         """How many positions of the request's row the forward pass computed (0 for a row it
         has not computed in since the request took it)."""
         done = self.computed.get(req.rid)
-        return done.length if done is not None and done.req_slot == req.kv.req_pool_idx else 0
+        return done.length if done is not None and done.req_slot == self.cut.req_slot_of(req) else 0
 
     def state_len(self, req: Any) -> Optional[int]:
         """How many tokens the request's Mamba state was computed from, when the forward pass
@@ -462,6 +467,6 @@ class RealScheduler:
     def live_requests(self) -> List[Any]:
         """The scheduler's requests not yet released: waiting, running, being chunked, or in the
         last prefill batch not yet merged, each once. A finished request whose KV is released
-        holds nothing (the `mamba_pool_idx` it keeps names the slot it gave the tree), though it
+        holds nothing (the Mamba slot it still names is the one it gave the tree), though it
         stays in the running batch until the next turn filters it out."""
-        return [req for req in self.held_requests() if not (req.finished() and req.kv.is_kv_released)]
+        return [req for req in self.held_requests() if not (req.finished() and self.cut.kv_released(req))]
