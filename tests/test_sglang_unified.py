@@ -133,14 +133,22 @@ def release_rules(version: str):
     return unified_rules(version), "unified" if Version(version) >= Version("0.5.22") else "unified-0.5.20"
 
 
+def masked(rules, rule: str) -> bool:
+    """Whether the release's other rules make `rule` unobservable: where every insert from a
+    request is followed by a match of what it inserted (`caching_rematches` and
+    `finishing_rematches`, 0.5.22), that match refreshes the insert's end node as
+    `insert_refreshes_end_state` would."""
+    return rule == "insert_refreshes_end_state" and rules.caching_rematches and rules.finishing_rematches
+
+
 def changed_rules(version: str):
-    """(rule, the value put back): each rule in which this release's unified cache differs from
-    MambaRadixCache (0.5.20's rules), or else from the other era's unified cache."""
+    """(rule, the value put back): each observable rule in which this release's unified cache
+    differs from MambaRadixCache (0.5.20's rules), or else from the other era's unified cache."""
     rules, protocol = release_rules(version)
     other_era = SGLANG_UNIFIED if protocol == "unified-0.5.20" else SGLANG_UNIFIED_0_5_20
     out = []
     for f in dataclasses.fields(rules):
-        if f.name == "name":
+        if f.name == "name" or masked(rules, f.name):
             continue
         for other in (SGLANG_0_5_20, other_era):
             if getattr(other, f.name) != getattr(rules, f.name):
@@ -159,7 +167,10 @@ def test_each_unified_rule_is_needed_to_agree_with_it(index, tmp_path):
     """Model the installed release's unified cache with one of its rules put back as
     MambaRadixCache (or the other release's unified cache) has it: the harness must diverge (on
     the Python core, whose tree it reads)."""
-    rule, value = changed_rules(sglang_version())[index]
+    changed = changed_rules(sglang_version())
+    if index >= len(changed):
+        pytest.skip(f"SGLang {sglang_version()}'s unified cache differs in {len(changed)} observable rules: {changed}")
+    rule, value = changed[index]
     factory = cache_factory("sglang-python")
     rules = dataclasses.replace(factory.func.release_rules(sglang_version()), **{rule: value})
     patched = type(f"UnifiedWithOther{rule}", (factory.func,), {"release_rules": classmethod(lambda cls, version: rules)})
