@@ -111,6 +111,12 @@ class ModelReq:
     prefix: Tuple[int, ...] = ()
     last: Path = ROOT
     row: Dict[int, int] = field(default_factory=dict)
+    # the extra buffer: the request's track slots (its ping-pong buffer), the length of the
+    # state the forward pass last wrote into each since the request was last cached (None:
+    # none), and which position it wrote last
+    tracks: List[int] = field(default_factory=list)
+    track_lens: List[Optional[int]] = field(default_factory=list)
+    last_track: Optional[int] = None
 
     def kv_len(self) -> int:
         """rule: a request's computed tokens are its input and all but its last output token."""
@@ -129,8 +135,11 @@ def _lcp(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
 class ReferenceCache:
     """Model of the cache plus its three pools."""
 
-    def __init__(self, kv_size: int, mamba_size: int, req_size: int, rules: Rules = SGLANG_0_5_4):
+    def __init__(self, kv_size: int, mamba_size: int, req_size: int, rules: Rules = SGLANG_0_5_4, tracking_slots: int = 0):
         self.rules = rules
+        # the extra buffer (`extra_buffer` strategy): track slots per request beside its running
+        # state, 0 without it
+        self.tracking_slots = tracking_slots
         self.nodes: Dict[Path, Record] = {}
         self.kv_slots = range(1, kv_size + 1)  # rule: KV slot 0 is padding, never free
         self.mamba_slots = range(rules.first_mamba_slot, rules.first_mamba_slot + mamba_size)
@@ -460,14 +469,18 @@ class ReferenceCache:
 
     def req_alloc(self, reqs: Sequence[ModelReq]) -> Optional[List[int]]:
         """rule: one request slot each (a request that holds one keeps it), plus a Mamba slot for
-        each request without one; all or nothing."""
-        need = sum(1 for r in reqs if r.mamba_slot is None)
+        each request without one, then its track slots (extra buffer) if it has none; all or
+        nothing."""
+        need = sum((r.mamba_slot is None) + (0 if r.tracks else self.tracking_slots) for r in reqs)
         fresh = [r for r in reqs if r.req_slot is None]
         if len(fresh) > len(self.req_free) or need > len(self.mamba_free) + len(self.mamba_group or ()):
             return None
         for r in reqs:
             if r.mamba_slot is None:
                 r.mamba_slot = self.mamba_alloc(1)[0]
+            if self.tracking_slots and not r.tracks:
+                r.tracks = self.mamba_alloc(self.tracking_slots)
+                r.track_lens, r.last_track = [None] * self.tracking_slots, None
         n = len(fresh)
         if self.rules.req_slots_from_tail:
             slots = self.req_free[len(self.req_free) - n :]
@@ -488,6 +501,13 @@ class ReferenceCache:
             self.free_mamba([req.mamba_slot])
         req.req_slot = None
         req.row = {}
+
+    def free_request_states(self, req: ModelReq, keep: Optional[int] = None) -> None:
+        """rule: a request done with its states frees its running slot, then its track slots
+        in order (but the one at position `keep`, which the tree took)."""
+        self.free_mamba([req.mamba_slot])
+        self.free_mamba([slot for pos, slot in enumerate(req.tracks) if pos != keep])
+        req.mamba_slot, req.tracks, req.track_lens, req.last_track = None, [], [], None
 
     def req_pool_clear(self) -> None:
         """rule: a cleared request pool has every request and Mamba slot free, in order."""
@@ -521,25 +541,69 @@ class ReferenceCache:
             raise ValueError(f"request {req.rid}'s row holds no KV slot at position(s) {missing}")
         return tuple(req.row[i] for i in range(n))
 
+    # ----- the extra buffer ---------------------------------------------------------------------
+
+    def record_track(self, req: ModelReq, slot: int, length: int) -> None:
+        """The forward pass wrote the state of the request's first `length` tokens into its track
+        slot `slot` (ValueError for a slot it does not hold)."""
+        if slot not in req.tracks:
+            raise ValueError(f"request {req.rid} holds track slots {req.tracks}, not {slot}")
+        pos = req.tracks.index(slot)
+        req.track_lens[pos], req.last_track = length, pos
+        self.note("track boundary crossed")
+
+    def _tracked_state(self, req: ModelReq, n: int) -> Optional[Tuple[int, int]]:
+        """rule (extra buffer): the state the tree may take for the request's first `n` tokens:
+        (track position, length) of the one written last, if no longer than `n`, else of the
+        other (ping-pong) if that one is; None when neither is."""
+        if req.last_track is None:
+            return None
+        for pos in (req.last_track, 1 - req.last_track) if len(req.tracks) == 2 else (req.last_track,):
+            length = req.track_lens[pos]
+            if length is not None and 0 < length <= n:
+                return pos, length
+        return None
+
+    def _fresh_slot(self) -> int:
+        """rule: one Mamba slot, a state evicted for it when none is free."""
+        got = self.mamba_alloc(1)
+        if got is None:
+            self.evict_mamba(1)
+            got = self.mamba_alloc(1)
+            if got is None:
+                raise ModelMambaExhausted()
+        return got[0]
+
+    # ----- request-level calls ----------------------------------------------------------------
+
     def cache_unfinished_req(self, req: ModelReq) -> None:
         """rule: insert fill with the request's KV and a fork of its state; free the request's
-        duplicate KV (and the fork if a state existed); re-match and move the lock there."""
-        tokens = req.fill
+        duplicate KV (and the fork if a state existed); re-match and move the lock there.
+        With the extra buffer the tree takes the request's tracked state instead (the key cut
+        to its length; a fresh slot takes its place in the track buffer) or, with none, nothing;
+        either way the request's tracked lengths are forgotten."""
+        if self.tracking_slots:
+            picked = self._tracked_state(req, len(req.fill))
+            req.track_lens = [None] * len(req.tracks)
+            if picked is None:
+                return
+            pos, length = picked
+            state = req.tracks[pos]
+            req.tracks[pos] = self._fresh_slot()
+            self.note("slot donated")
+            tokens = req.fill[:length]
+        else:
+            tokens = req.fill
+            state = self._fresh_slot()
         kv = self._row(req, len(tokens))
-        fork = self.mamba_alloc(1)
-        if fork is None:
-            self.evict_mamba(1)
-            fork = self.mamba_alloc(1)
-            if fork is None:
-                raise ModelMambaExhausted()
         splits = self.events.count("node split")
-        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, fork[0], len(req.prefix))
+        new_prefix_len, exist = self.insert(tokens, req.extra_key, kv, state, len(req.prefix))
         if self.events.count("node split") > splits:
             self.note("a running request's insert split a node")
         if not self.rules.insert_frees_duplicate_kv:
             self.free_kv(kv[len(req.prefix):new_prefix_len])
         if exist:
-            self.free_mamba(fork)
+            self.free_mamba([state])
         if self.rules.caching_rematches:
             new_kv, new_last = self.match_prefix(tokens, req.extra_key)
         else:
@@ -559,6 +623,8 @@ class ReferenceCache:
         in: all the request's own KV, its request slot and its state are freed."""
         n = req.kv_len() if length is None else length
         kv = self._row(req, n)
+        if self.tracking_slots:
+            return self._cache_finished_tracked(req, is_insert, kv)
         if not is_insert:
             self.free_kv(kv[len(req.prefix):])
             self.req_free_slot(req, free_mamba=True)
@@ -571,4 +637,28 @@ class ReferenceCache:
         if not self.rules.insert_frees_duplicate_kv:
             self.free_kv(kv[len(req.prefix):new_prefix_len])
         self.req_free_slot(req, free_mamba=exist)
+        self.dec_lock(req.last)
+
+    def _cache_finished_tracked(self, req: ModelReq, is_insert: bool, kv: Tuple[int, ...]) -> None:
+        """rule (extra buffer): a finished request's tokens go in only as far as its tracked
+        state (`_tracked_state`), which the tree takes; its KV past the key, its running slot,
+        its other track slots (all of them if the state existed or none went in) and its
+        request slot are freed, and its lock released."""
+        picked = self._tracked_state(req, len(kv)) if is_insert else None
+        keep = None
+        if picked is None:
+            self.note("finished with no tracked state" if is_insert else "released without caching")
+            self.free_kv(kv[len(req.prefix):])
+        else:
+            pos, length = picked
+            tokens = (req.origin + tuple(req.output))[:length]
+            new_prefix_len, exist = self.insert(tokens, req.extra_key, kv[:length], req.tracks[pos], len(req.prefix))
+            if self.rules.finishing_rematches:
+                self.match_prefix(tokens, req.extra_key)
+            if not self.rules.insert_frees_duplicate_kv:
+                self.free_kv(kv[len(req.prefix):new_prefix_len])
+            self.free_kv(kv[max(length, len(req.prefix)):])
+            keep = None if exist else pos
+        self.free_request_states(req, keep)
+        self.req_free_slot(req, free_mamba=False)
         self.dec_lock(req.last)

@@ -307,16 +307,7 @@ class RealScheduler:
         bootstrap._bind_threads_if_cpu = lambda device: None  # NUMA pinning would pin the whole harness
         self._model_dir = tempfile.TemporaryDirectory(prefix="harness-model-")  # removed with the scheduler
         model_path = tiny_hybrid_config(self._model_dir.name, config.max_context_len, scheduler_config.eos_token_id)
-        chunk = scheduler_config.chunked_prefill_size
-        settings = dict(
-            model_path=model_path, device=config.device, skip_tokenizer_init=True, load_format="dummy",
-            disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer", page_size=config.page_size,
-            max_running_requests=self.max_running_requests,
-            max_total_tokens=config.kv_size, chunked_prefill_size=-1 if chunk is None else chunk,
-            max_prefill_tokens=scheduler_config.max_prefill_tokens, schedule_policy=scheduler_config.schedule_policy,
-            schedule_conservativeness=scheduler_config.schedule_conservativeness, disable_cuda_graph=True,
-            radix_cache_backend=BACKEND, context_length=config.max_context_len,
-        )
+        settings = self.server_settings(model_path)
         owner, inbox = self, self.inbox
 
         class HarnessScheduler(scheduler_module.Scheduler):
@@ -368,6 +359,21 @@ class RealScheduler:
             scheduler_module.create_scheduler_watchdog = make_watchdog
             del _BUILDING["cut"]
         self._name_checker_failures()
+
+    def server_settings(self, model_path: str) -> Dict[str, Any]:
+        """The server's command line: the tiny model, no tokenizer, the pools' sizes and the
+        scheduling settings of the configuration, the cache under test as the radix backend."""
+        config, sched = self.config, self.scheduler_config
+        chunk = sched.chunked_prefill_size
+        return dict(
+            model_path=model_path, device=config.device, skip_tokenizer_init=True, load_format="dummy",
+            disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer", page_size=config.page_size,
+            max_running_requests=self.max_running_requests,
+            max_total_tokens=config.kv_size, chunked_prefill_size=-1 if chunk is None else chunk,
+            max_prefill_tokens=sched.max_prefill_tokens, schedule_policy=sched.schedule_policy,
+            schedule_conservativeness=sched.schedule_conservativeness, disable_cuda_graph=True,
+            radix_cache_backend=BACKEND, context_length=config.max_context_len,
+        )
 
     @staticmethod
     def publish(runtime_context: Any, server_args: Any) -> None:
