@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import math
 import os
 import sys
@@ -36,6 +37,7 @@ from harness.protocols import PROTOCOLS, protocol_class
 from harness.trace import Trace, TraceError, Verdict, load_trace, replay, replay_protocol
 from harness.usage import CommandParser
 from strategies import SCENARIOS
+from strategies.config import MAMBA_STRATEGIES
 
 
 class UsageError(Exception):
@@ -117,6 +119,8 @@ def recorded_cache(trace: Trace, source: str) -> str:
 
 def run_replay(args, out: TextIO) -> int:
     trace = load_trace(args.file)
+    if args.mamba_strategy is not None:
+        trace = replace(trace, config=replace(trace.config, mamba_strategy=args.mamba_strategy))
     try:
         where = ""
         if args.impl is None and args.tree_core is None:
@@ -124,10 +128,9 @@ def run_replay(args, out: TextIO) -> int:
             where = f" {trace.impl_version}, where it was recorded, with its settings (--impl names another cache),"
         args.impl = impl_name(args.impl or "sglang", args.tree_core)
         factory = cache_factory(args.impl)
-        if args.protocol is not None:
-            refusal = protocol_class(args.protocol).refusal(factory, trace.scheduler)
-            if refusal:
-                raise ValueError(refusal)
+        refusal = protocol_class(replay_protocol(trace, factory, args.protocol)).refusal(factory, trace.scheduler, trace.config)
+        if refusal:
+            raise ValueError(refusal)
         device = replay_device(args.device, trace.config.device)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -194,6 +197,7 @@ def run_fuzz(args, out: TextIO) -> int:
         fail_fast=args.fail_fast,
         fail_on_known=args.fail_on_known,
         set_aside=args.set_aside,
+        mamba_strategy=args.mamba_strategy,
     )
     if args.device:
         options.device = args.device
@@ -302,6 +306,9 @@ def build_parser() -> CommandParser:
                     help="stop at the first failure that fails the run (else each distinct failure is set aside and the fuzz goes on)")
     fz.add_argument("--fail-on-known", action="store_true",
                     help="known findings of the release fail the run too (else only new failure signatures do)")
+    fz.add_argument("--mamba-strategy", default=None, choices=MAMBA_STRATEGIES,
+                    help="every program's Mamba strategy (default: each configuration's own, no_buffer; extra_buffer runs "
+                         "SGLang's UnifiedRadixCache under its own scheduler)")
     fz.add_argument("--trace-dir", default=None, help="where failure traces go (default tests/regressions/pending)")
     fz.add_argument("--set-aside", action="append", default=[], metavar="FINDING|TRACE.json|SIGNATURE",
                     help="set aside a known finding of the release under test ('all': every one; docs/findings.md), the "
@@ -313,6 +320,7 @@ def build_parser() -> CommandParser:
     rp.add_argument("--tree-core", default=None, choices=TREE_CORES, help=TREE_CORE_HELP)
     rp.add_argument("--protocol", default=None, help="scheduler protocol (default: the trace's on the cache that recorded it, else the cache's own)")
     rp.add_argument("--device", default=None, help="torch device (default: the trace's)")
+    rp.add_argument("--mamba-strategy", default=None, choices=MAMBA_STRATEGIES, help="the Mamba strategy (default: the trace's)")
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
     emit = rp.add_mutually_exclusive_group()
     emit.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function (our regression tests)")

@@ -105,10 +105,13 @@ class Driver:
         self.scheduler = scheduler
         self.on_event = on_event
         self._passed_over: Set[Tuple[str, str]] = set()  # (check, what) set aside so far in this program
-        protocol = protocol or protocol_for(cache_factory, scheduler)
+        protocol = protocol or protocol_for(cache_factory, scheduler, config)
+        refusal = protocol_class(protocol).refusal(cache_factory, scheduler, config)
+        if refusal:
+            raise ValueError(refusal)
         self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
         self.set_aside = set_aside.for_release(self.cut.release)
-        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules)
+        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules, config.tracking_slots)
         unknown = set(checks) - CHECKS
         if unknown:
             raise ValueError(f"unknown checks {sorted(unknown)}; known: {sorted(CHECKS)}")

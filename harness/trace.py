@@ -319,7 +319,7 @@ def replay_protocol(trace: Trace, cache_factory: CacheFactory, protocol: Optiona
     recorder = (trace.impl, trace.impl_version)
     if (cache_name(cache_factory), cache_release(cache_factory)) == recorder:
         return trace.protocol
-    return protocol_for(cache_factory, trace.scheduler)
+    return protocol_for(cache_factory, trace.scheduler, trace.config)
 
 
 def replay(

@@ -9,6 +9,9 @@ from typing import Optional
 
 POLICIES = ("fcfs", "lpm")
 DISAGGREGATION_MODES = ("null", "prefill")
+# `--mamba-radix-cache-strategy`: the request's running state alone, or with track slots the
+# forward pass checkpoints into (the extra buffer; the lazy variant is not drawn yet)
+MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
 
 
 def _positive_int(owner: str, name: str, value) -> None:
@@ -18,7 +21,7 @@ def _positive_int(owner: str, name: str, value) -> None:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Pool sizes, device and page size (always 1) for a cache under test."""
+    """Pool sizes, device, page size (always 1) and Mamba strategy for a cache under test."""
 
     kv_size: int
     mamba_size: int
@@ -26,12 +29,21 @@ class CacheConfig:
     max_context_len: int = 256
     device: str = "cpu"
     page_size: int = 1
+    mamba_strategy: str = "no_buffer"
 
     def __post_init__(self):
         if self.page_size != 1:
             raise ValueError(f"CacheConfig.page_size must be 1 (the only size supported), got {self.page_size!r}")
         for name in ("kv_size", "mamba_size", "req_size", "max_context_len"):
             _positive_int("CacheConfig", name, getattr(self, name))
+        if self.mamba_strategy not in MAMBA_STRATEGIES:
+            raise ValueError(f"CacheConfig.mamba_strategy must be one of {MAMBA_STRATEGIES}, got {self.mamba_strategy!r}")
+
+    @property
+    def tracking_slots(self) -> int:
+        """Track slots per request beside its running state: one with the extra buffer (the
+        normal event loop; the overlap loop's ping-pong pair is not built yet), else none."""
+        return 1 if self.mamba_strategy == "extra_buffer" else 0
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,8 @@ class SchedulerConfig:
     schedule_conservativeness: float = 1.0
     disaggregation_mode: str = "null"
     eos_token_id: int = 99
+    # with the extra buffer: decode checkpoints every this many tokens (`--mamba-track-interval`)
+    mamba_track_interval: int = 4
 
     def __post_init__(self):
         if self.chunked_prefill_size is not None:
@@ -67,3 +81,4 @@ class SchedulerConfig:
             )
         if isinstance(self.eos_token_id, bool) or not isinstance(self.eos_token_id, int) or self.eos_token_id < 0:
             raise ValueError(f"SchedulerConfig.eos_token_id must be a non-negative int, got {self.eos_token_id!r}")
+        _positive_int("SchedulerConfig", "mamba_track_interval", self.mamba_track_interval)

@@ -59,14 +59,20 @@ DEFAULT_MIX: Mapping[str, int] = {
 }
 
 
-def pool_config(integer: Integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu") -> CacheConfig:
+def pool_config(
+    integer: Integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu",
+    mamba_strategies: Tuple[str, ...] = ("no_buffer",),
+) -> CacheConfig:
     """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks),
-    the request pool no larger than a third of the Mamba pool."""
+    the request pool no larger than a third of the Mamba pool, and one of `mamba_strategies`."""
     if req[0] * MAMBA_PER_REQUEST > mamba[0]:
         raise ValueError(f"request pool sizes {req} must allow one no larger than a third of the Mamba pool {mamba}")
     kv_size, mamba_size = integer(*kv), integer(*mamba)
     req_size = integer(req[0], min(req[1], mamba_size // MAMBA_PER_REQUEST))
-    return CacheConfig(kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device)
+    strategy = mamba_strategies[integer(0, len(mamba_strategies) - 1)] if len(mamba_strategies) > 1 else mamba_strategies[0]
+    return CacheConfig(
+        kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device, mamba_strategy=strategy
+    )
 
 
 def weighted_operations(mix: Mapping[str, int], applicable: Sequence[str]) -> Tuple[str, ...]:
@@ -101,6 +107,8 @@ class Scenario:
     conservativeness: Tuple[float, ...] = (1.0, 0.3, 1.5)  # 0.3: decode memory reserved thinly
     eos_odds: int = 4  # the forward pass samples the eos token about once in eos_odds * vocab tokens
     min_running: int = 1  # the fewest max_running_requests drawn (at most the request pool's size)
+    mamba_strategies: Tuple[str, ...] = ("no_buffer",)  # `--mamba-strategy` pins one
+    track_intervals: Tuple[int, ...] = (4, 8)  # with the extra buffer: decode checkpoints every this many tokens
     mix: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MIX))
 
     @property
@@ -109,7 +117,7 @@ class Scenario:
         return self.vocab
 
     def config(self, integer: Integer, device: str = "cpu") -> CacheConfig:
-        return pool_config(integer, self.kv, self.mamba, self.req, device)
+        return pool_config(integer, self.kv, self.mamba, self.req, device, self.mamba_strategies)
 
     def scheduler(self, integer: Integer, config: CacheConfig) -> SchedulerConfig:
         """Server settings for one program: chunked prefill on or off, the prefill budget, how
@@ -123,6 +131,8 @@ class Scenario:
             schedule_conservativeness=self.conservativeness[integer(0, len(self.conservativeness) - 1)],
             disaggregation_mode=self.disaggregation[integer(0, len(self.disaggregation) - 1)],
             eos_token_id=self.eos,
+            **({"mamba_track_interval": self.track_intervals[integer(0, len(self.track_intervals) - 1)]}
+               if config.mamba_strategy != "no_buffer" else {}),
         )
 
     def weighted(self, **weights: int) -> "Scenario":

@@ -55,6 +55,8 @@ class CacheUnderTest:
     # whether the tree's nodes are Python objects with parent links that the memory check can
     # follow (`node_object` gives the object for what the cache hands out)
     node_objects: bool = True
+    # the Mamba strategies the cache can be built with (`CacheConfig.mamba_strategy`)
+    mamba_strategies: Tuple[str, ...] = ("no_buffer",)
 
     config: CacheConfig
     device: torch.device

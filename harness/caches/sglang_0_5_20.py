@@ -86,6 +86,12 @@ class Sglang0520Cache(Sglang0513Cache):
         """How many positions of the request's row the tree holds (`cache_protected_len`)."""
         return self.slots_of(req).cache_protected_len
 
+    def track_slots_of(self, req: Any) -> List[int]:
+        """The request's track slots, position by position (the extra buffer's ping-pong
+        buffer; none without it, or once freed)."""
+        buffer = getattr(self.slots_of(req), "mamba_ping_pong_track_buffer", None)
+        return [] if buffer is None else [int(slot) for slot in buffer.tolist() if slot >= 0]
+
     def kv_released(self, req: Any) -> bool:
         """Whether the request's KV went back (`release_kv_cache` done)."""
         return req.kv.is_kv_released

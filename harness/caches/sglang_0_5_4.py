@@ -74,7 +74,7 @@ class Sglang054Cache(CacheUnderTest):
 
     def _req_pool_args(self, config: CacheConfig) -> Dict[str, Any]:
         """`HybridReqToTokenPool`'s arguments, as the model runner passes them for one Mamba
-        layer with no extra buffer, no overlap schedule and no speculative decoding; the later
+        layer with the configuration's Mamba strategy, no overlap schedule and no speculative decoding; the later
         ones only where the release's pool takes them (0.5.7 on, 0.5.10 on, 0.5.13 on)."""
         args = dict(
             size=config.req_size,
@@ -87,7 +87,7 @@ class Sglang054Cache(CacheUnderTest):
         )
         later = dict(
             mamba_spec_state_size=config.mamba_size,
-            enable_mamba_extra_buffer=False,
+            enable_mamba_extra_buffer=config.mamba_strategy == "extra_buffer",
             mamba_layer_ids=[0],
             enable_overlap_schedule=False,
         )

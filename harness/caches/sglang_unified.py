@@ -71,6 +71,7 @@ class SglangUnifiedCache(Sglang0520Cache):
     protocols = ("unified", "unified-0.5.20", "scheduler")
     rules = SGLANG_UNIFIED
     tree_core = "python"
+    mamba_strategies = ("no_buffer", "extra_buffer")
     # the tree's own self-check, called as the release's scheduler calls it
     sanity_check = CacheUnderTest.sanity_check
 
@@ -107,6 +108,7 @@ class SglangUnifiedCache(Sglang0520Cache):
             token_to_kv_pool_allocator=self.kv,
             page_size=config.page_size,
             tree_components=(ct.FULL, ct.MAMBA),
+            **({"enable_mamba_extra_buffer": True} if config.mamba_strategy == "extra_buffer" else {}),
         )
         # the core is picked as serving picks it (0.5.20 reads only the variable; before 0.5.19
         # there is the Python core alone)

@@ -57,8 +57,8 @@ def tree_meaning(snap: Snapshot, kv_data: List[int], states: List[Optional[int]]
 
 
 def request_meaning(requests: List[RequestHoldings], kv_data: List[int], states: List[Optional[int]], name: Namer) -> None:
-    """Each live request's row holds its own prefix digests, and its state those of its
-    processed tokens."""
+    """Each live request's row holds its own prefix digests, its state that of its processed
+    tokens, and each of its track slots the checkpoint last written there."""
     for r in requests:
         wrong = wrong_slot(r.row, digest.digests(r.extra_key, r.tokens[: len(r.row)]), kv_data)
         if wrong is not None:
@@ -77,6 +77,14 @@ def request_meaning(requests: List[RequestHoldings], kv_data: List[int], states:
                     "request's Mamba state",
                     f"request {r.rid}: its Mamba slot {r.mamba} holds {name(states[r.mamba])}, not that of its "
                     f"{r.state_len} processed tokens {list(r.tokens[: r.state_len])}",
+                )
+        for slot, length in r.tracks:
+            if length and states[slot] != digest.digest(r.extra_key, r.tokens[:length]):
+                fail(
+                    "meaning",
+                    "request's track slot",
+                    f"request {r.rid}: its track slot {slot} holds {name(states[slot])}, not the checkpoint of its "
+                    f"first {length} tokens {list(r.tokens[:length])} the forward pass wrote there",
                 )
 
 

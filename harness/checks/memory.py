@@ -35,6 +35,9 @@ class RequestHoldings(NamedTuple):
     tokens: Tuple[int, ...]  # its input and output so far
     row: Tuple[int, ...]  # its req_to_token row, position by position, as far as it holds KV
     state_len: Optional[int]  # its Mamba state is the digest of tokens[:state_len] (None: no meaning)
+    # its track slots (the extra buffer), each with how many tokens the checkpoint the forward
+    # pass wrote there is of (None: none written since the request took it)
+    tracks: Tuple[Tuple[int, Optional[int]], ...] = ()
 
 
 def _owners(snap: Snapshot, requests: List[RequestHoldings]) -> Dict[str, Dict[str, List[int]]]:
@@ -47,6 +50,8 @@ def _owners(snap: Snapshot, requests: List[RequestHoldings]) -> Dict[str, Dict[s
         kv[f"request {r.rid}"] = list(r.kv)
         if r.mamba is not None:
             mamba[f"request {r.rid}"] = [r.mamba]
+        if r.tracks:
+            mamba[f"request {r.rid}'s track buffer"] = [slot for slot, _ in r.tracks]
         if r.req_slot is not None:
             req[f"request {r.rid}"] = [r.req_slot]
     return {"KV": kv, "Mamba": mamba, "request": req}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import List, Optional
 
 from harness.caches import cache_factory, cache_release, default_protocol
@@ -16,7 +16,8 @@ from harness.engines.hypothesis_engine import PENDING_DIR
 from harness.profiles import PROFILES
 from harness.trace import TraceError, set_aside_names
 from harness.protocols import protocol_class
-from strategies import SCENARIOS
+from strategies import SCENARIOS, Scenario
+from strategies.config import MAMBA_STRATEGIES, CacheConfig
 
 ENGINES = ("hypothesis", "random")
 
@@ -41,6 +42,12 @@ class FuzzOptions:
     set_aside: List[str] = field(default_factory=list)
     # configurations `check` took out of `configs`: their settings are none the named protocol runs
     left_out: List[str] = field(default_factory=list)
+    mamba_strategy: Optional[str] = None  # None: each configuration's own; else every program's
+
+    def scenario(self, name: str) -> Scenario:
+        """Configuration `name` as this run draws it (its Mamba strategy pinned, if asked)."""
+        scenario = SCENARIOS[name]
+        return scenario if self.mamba_strategy is None else replace(scenario, mamba_strategies=(self.mamba_strategy,))
 
     def known_findings(self) -> SetAside:
         """What this run sets aside from the start (names checked against the release under test,
@@ -68,7 +75,12 @@ class FuzzOptions:
         except TraceError as exc:
             raise ValueError(f"--set-aside: {exc}") from None
         protocol = protocol_class(self.protocol or default_protocol(factory))
-        refusal = protocol.refusal(factory)
+        probe = None
+        if self.mamba_strategy is not None:
+            if self.mamba_strategy not in MAMBA_STRATEGIES:
+                raise ValueError(f"--mamba-strategy must be one of {list(MAMBA_STRATEGIES)}, got {self.mamba_strategy!r}")
+            probe = CacheConfig(kv_size=1, mamba_size=1, req_size=1, mamba_strategy=self.mamba_strategy)
+        refusal = protocol.refusal(factory, None, probe)
         if refusal:
             raise ValueError(refusal)
         if self.protocol is not None:  # else a program it cannot run takes the hand-written calls

@@ -103,7 +103,7 @@ def random_round(rnd: Round, scenario_name: str, rng: random.Random, steps: int)
     """One random program of one configuration; the bucket of a new failure."""
     options = rnd.options
     try:
-        random_program(SCENARIOS[scenario_name], rnd.factory, rng, steps, options.device, options.trace_dir, rnd.stats.record,
+        random_program(options.scenario(scenario_name), rnd.factory, rng, steps, options.device, options.trace_dir, rnd.stats.record,
                        options.protocol, rnd.set_aside, claim=rnd.claim, shrink_until=rnd.shrink_until())
     except ProgramFailed as failed:
         return rnd.found(failed.signature, failed.check, failed.message, scenario_name, failed.path)
@@ -139,7 +139,7 @@ def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None, 
     # one machine class per configuration for the whole run: Hypothesis keeps what it learns of a
     # machine class (its rules) for as long as the process lives, so a class a round would grow it
     machines = {
-        name: machine_for(SCENARIOS[name], factory, options.device, stats.record, trace_dir=options.trace_dir,
+        name: machine_for(options.scenario(name), factory, options.device, stats.record, trace_dir=options.trace_dir,
                           protocol=options.protocol, set_aside=rnd.set_aside)
         for name in options.configs
     } if options.engine == "hypothesis" else {}

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 from harness.caches import CacheFactory, cache_class, default_protocol
 from harness.protocols.base import SchedulerProtocol
@@ -22,19 +22,19 @@ from harness.protocols.contract import ContractScheduler
 from harness.protocols.scheduler import RealSchedulerProtocol
 from harness.protocols.sglang_0_5_4 import Sglang054Scheduler
 from harness.protocols.unified import Unified0520Scheduler, UnifiedScheduler
-from strategies.config import SchedulerConfig
+from strategies.config import CacheConfig, SchedulerConfig
 
 PROTOCOLS: Dict[str, type] = {
     cls.name: cls for cls in (ContractScheduler, Sglang054Scheduler, UnifiedScheduler, Unified0520Scheduler, RealSchedulerProtocol)
 }
 
 
-def protocol_for(cache_factory: CacheFactory, scheduler: SchedulerConfig) -> str:
+def protocol_for(cache_factory: CacheFactory, scheduler: SchedulerConfig, config: Optional[CacheConfig] = None) -> str:
     """The cache's own protocol (`harness.caches.default_protocol`), or, where that cannot run
     with these server settings (the real scheduler runs no disaggregation), its release's
     hand-written one."""
     own = default_protocol(cache_factory)
-    if protocol_class(own).refusal(cache_factory, scheduler):
+    if protocol_class(own).refusal(cache_factory, scheduler, config):
         return cache_class(cache_factory).default_protocol
     return own
 

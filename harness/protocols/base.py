@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from harness.caches import cache_class, cache_name
 from harness.caches.base import CacheUnderTest
 from harness.checks.memory import RequestHoldings
 from harness.checks.violation import Tolerate, never
@@ -30,12 +31,25 @@ class SchedulerProtocol:
     # the server's disaggregation modes it runs (`SchedulerConfig.disaggregation_mode`)
     disaggregation_modes: Tuple[str, ...] = DISAGGREGATION_MODES
 
+    mamba_strategies: Tuple[str, ...] = ("no_buffer",)
+
     @classmethod
-    def refusal(cls, cache_factory: Callable[[CacheConfig], CacheUnderTest], scheduler: Optional[SchedulerConfig] = None) -> str:
+    def refusal(
+        cls,
+        cache_factory: Callable[[CacheConfig], CacheUnderTest],
+        scheduler: Optional[SchedulerConfig] = None,
+        config: Optional[CacheConfig] = None,
+    ) -> str:
         """Why this protocol cannot drive the factory's caches, or run with the server settings
-        `scheduler` ("" when it can)."""
+        `scheduler` and the pools `config` ("" when it can)."""
         if scheduler is not None and scheduler.disaggregation_mode not in cls.disaggregation_modes:
             return f"{cls.title()} runs disaggregation modes {list(cls.disaggregation_modes)} only, not {scheduler.disaggregation_mode!r}"
+        if config is not None:
+            strategy = config.mamba_strategy
+            if strategy not in cls.mamba_strategies:
+                return f"{cls.title()} runs Mamba strategies {list(cls.mamba_strategies)} only, not {strategy!r}"
+            if strategy not in cache_class(cache_factory).mamba_strategies:
+                return f"{cache_name(cache_factory)} is built with Mamba strategies {list(cache_class(cache_factory).mamba_strategies)} only, not {strategy!r}"
         return ""
 
     @classmethod

@@ -36,7 +36,7 @@ from harness.operations import OperationError
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.scheduler_mirror import mirror_class
 from harness.real_scheduler import real_scheduler_class
-from strategies.config import CacheConfig, SchedulerConfig
+from strategies.config import MAMBA_STRATEGIES, CacheConfig, SchedulerConfig
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
 RESET_TURNS = 8
@@ -74,7 +74,7 @@ class Runtimes:
         if key == self._key and _reset(self._runtime):
             return self._runtime
         self._key = self._runtime = None
-        refusal = RealSchedulerProtocol.refusal(cache_factory, scheduler)
+        refusal = RealSchedulerProtocol.refusal(cache_factory, scheduler, config)
         if refusal:
             raise ValueError(refusal)
         release, build = _scheduler_cache(cache_factory)
@@ -136,13 +136,14 @@ class RealSchedulerProtocol(SchedulerProtocol):
     name = "scheduler"
     operations = ("arrive", "iterate", "abort", "flush")
     disaggregation_modes = ("null",)  # the disaggregation bootstrap and transfer queues are not built
+    mamba_strategies = MAMBA_STRATEGIES
 
     @classmethod
     def title(cls) -> str:
         return "the release's own scheduler"
 
     @classmethod
-    def refusal(cls, cache_factory: Any, scheduler: Optional[SchedulerConfig] = None) -> str:
+    def refusal(cls, cache_factory: Any, scheduler: Optional[SchedulerConfig] = None, config: Optional[CacheConfig] = None) -> str:
         """The real scheduler runs SGLang's `UnifiedRadixCache` on one tree core, or impl's tree
         in its place, on a release the harness builds its scheduler for, with no disaggregation."""
         from harness.caches import ImplCache, cache_class, cache_name, cache_release
@@ -166,7 +167,7 @@ class RealSchedulerProtocol(SchedulerProtocol):
             return f"--protocol scheduler drives SGLang's UnifiedRadixCache on one tree core (--impl sglang-python or sglang-rust) or impl, not {name}"
         if release not in RELEASES:
             return f"--protocol scheduler: the release's own scheduler is built for SGLang {sorted(RELEASES)} only, not {release}"
-        return super().refusal(cache_factory, scheduler)
+        return super().refusal(cache_factory, scheduler, config)
 
     @classmethod
     def cache_for(cls, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> CacheUnderTest:
@@ -246,6 +247,7 @@ class RealSchedulerProtocol(SchedulerProtocol):
                     tokens=r.tokens(),
                     row=row[: self.runtime.computed_len(r.cut)],
                     state_len=self.runtime.state_len(r.cut),
+                    tracks=tuple((track, self.runtime.track_len(r.cut, track)) for track in cut.track_slots_of(r.cut)),
                 )
             )
         return out

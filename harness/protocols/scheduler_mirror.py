@@ -53,6 +53,7 @@ class ModelMirror:
         # seen released, and the mirror must not keep its node alive; the model's path)
         self.locks: Dict[int, Tuple[weakref.ref, Any]] = {}
         self._install()
+        runtime.on_track = self.record_track
 
     def attach(self, caches: Optional[PairedCaches]) -> None:
         """Mirror into `caches.model` from now on (a new program: no twins, no locks yet); with
@@ -157,6 +158,18 @@ class ModelMirror:
 
     def _agree_mamba_slot(self, call: str, req: Any, mreq: ModelReq) -> None:
         self.caches.agree(call, f"request {req.rid}'s Mamba slot", self.cut.mamba_slot_of(req), mreq.mamba_slot)
+        self.caches.agree(call, f"request {req.rid}'s track slots", self.cut.track_slots_of(req), mreq.tracks)
+
+    def record_track(self, req: Any, slot: int, length: int) -> None:
+        """The forward pass checkpointed the request's first `length` tokens into track slot
+        `slot` (the extra buffer): the model's twin is told, as it is told what a row holds."""
+        if self.caches is None:
+            return
+        try:
+            self.caches.model.record_track(self.twin(req), slot, length)
+        except ValueError as exc:
+            raise Divergence(f"forward pass of request {req.rid}", "the track slot it checkpoints into", f"slot {slot}", str(exc)) from None
+        self.caches.flush_events()
 
     # ----- the tree's calls -------------------------------------------------------------------
 
@@ -266,6 +279,7 @@ class ModelMirror:
         mreq = self.twins.get(req.rid)
         if mreq is not None:
             mreq.prefix, mreq.last, mreq.mamba_slot = (), ROOT, None
+            mreq.tracks, mreq.track_lens, mreq.last_track = [], [], None
 
     # ----- the pools' calls -------------------------------------------------------------------
 
@@ -313,6 +327,8 @@ class ModelMirror:
         for mreq in self.twins.values():
             if mreq.mamba_slot in slots:
                 mreq.mamba_slot = None
+            if set(mreq.tracks) & set(slots):
+                mreq.tracks, mreq.track_lens, mreq.last_track = [], [], None
 
     def _req_alloc(self, reqs: List[Any]) -> Generator[None, Any, None]:
         call = f"req_to_token_pool.alloc(reqs {[r.rid for r in reqs]})"

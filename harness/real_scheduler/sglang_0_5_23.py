@@ -26,13 +26,14 @@ from is the digest of its own prefix (`harness.digest`), whatever the model says
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import socket
 import tempfile
 from array import array
 from types import SimpleNamespace
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -44,6 +45,10 @@ from harness.signature import normalize
 from strategies.config import CacheConfig, SchedulerConfig
 
 BACKEND = "harness"
+# the tiny model's Mamba chunk (`mamba_chunk_size` in its HF config; 64 in Qwen3-Next, FLA's
+# chunk): the extra buffer checkpoints on this grid, so programs of a few dozen tokens cross
+# many checkpoints
+MAMBA_CHUNK = 4
 STRICT_CHECKS = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
@@ -65,6 +70,7 @@ def tiny_hybrid_config(directory: str, context_len: int, eos_token_id: int) -> s
         "linear_value_head_dim": 4, "linear_conv_kernel_dim": 2, "num_experts": 2,
         "num_experts_per_tok": 1, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
         "max_position_embeddings": context_len, "eos_token_id": eos_token_id, "torch_dtype": "float32",
+        "mamba_chunk_size": MAMBA_CHUNK,
     }
     with open(os.path.join(directory, "config.json"), "w") as out:
         json.dump(config, out)
@@ -202,15 +208,45 @@ class StandInWorker:
             for req, tokens, start, _, slot in computed:
                 if start > 0:
                     self._check_resumed_state(req, tokens, start, slot, states)
-        for req, tokens, start, end, slot in computed:
+        checkpoints = self._checkpoints(batch, computed, extend)
+        for i, (req, tokens, start, end, slot) in enumerate(computed):
             if end > start:
                 values = self.owner.record_digests(req.extra_key, tokens[:end], start)
                 row = cut.req_pool.req_to_token[cut.req_slot_of(req), start:end].tolist()
                 cut.write_kv(row, values[start:end])
                 cut.write_state(slot, values[end - 1])
+                if i in checkpoints:
+                    track, length = checkpoints[i]
+                    cut.write_state(track, values[length - 1])
+                    self.owner.tracked[track] = (req.rid, length)
+                    self.owner.on_track(req, track, length)
             self.owner.computed[req.rid] = Computed(cut.req_slot_of(req), slot, max(end, start))
         next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
         return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
+
+    def _checkpoints(self, batch: Any, computed: List[tuple], extend: bool) -> Dict[int, Tuple[int, int]]:
+        """With the extra buffer, what the linear-attention backend checkpoints (0.5.23's
+        `hybrid_linear_attn_backend._init_track_ssm_indices`, the gated-delta path), per row of
+        the batch its mask selects: (track slot, how many tokens the state written there is
+        of). On an extend, with `lens` the row's `mamba_track_seqlens` past its prefix: the
+        extend's final state when `lens` is a whole number of Mamba chunks, else the state
+        after the last whole chunk of `lens` (the kernel's intermediate `h`); on a decode, the
+        state after the step."""
+        mask = getattr(batch, "mamba_track_mask", None)
+        if mask is None or batch.mamba_track_indices is None:
+            return {}
+        chosen, slots = mask.tolist(), batch.mamba_track_indices.tolist()
+        seqlens = batch.mamba_track_seqlens.tolist() if extend else None
+        translate = self.owner.cut.req_pool.translate_mamba_indices
+        out = {}
+        for i, (_, _, start, end, _) in enumerate(computed):
+            if not chosen[i] or slots[i] < 0:
+                continue
+            length = end
+            if extend and (seqlens[i] - start) % MAMBA_CHUNK:
+                length = start + (seqlens[i] - start) // MAMBA_CHUNK * MAMBA_CHUNK
+            out[i] = (int(translate(torch.tensor([slots[i]]))[0]), length)
+        return out
 
     @staticmethod
     def extend_range(req: Any) -> Tuple[int, int]:
@@ -225,9 +261,17 @@ class StandInWorker:
         clear = getattr(batch, "mamba_clear_indices", None)
         if clear is not None and len(clear) > 0:
             pool.mamba_pool.clear_slots(pool.translate_mamba_indices(clear))
+            self._forget_checkpoints(pool.translate_mamba_indices(clear))
         src = getattr(batch, "mamba_cow_src_indices", None)
         if src is not None and len(src) > 0:
-            self.copy_states(pool, pool.translate_mamba_indices(src), pool.translate_mamba_indices(batch.mamba_cow_dst_indices))
+            dst = pool.translate_mamba_indices(batch.mamba_cow_dst_indices)
+            self.copy_states(pool, pool.translate_mamba_indices(src), dst)
+            self._forget_checkpoints(dst)
+
+    def _forget_checkpoints(self, slots: torch.Tensor) -> None:
+        """Slots just cleared or copied into hold no checkpoint any more."""
+        for slot in slots.reshape(-1).tolist():
+            self.owner.tracked.pop(int(slot), None)
 
     @staticmethod
     def copy_states(pool: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -246,6 +290,22 @@ class StandInWorker:
                 f"which holds {got}, not the digest of {list(tokens[:start])} ({want})",
                 "resumed Mamba state",
             )
+
+
+@contextlib.contextmanager
+def pinning_on_the_host(device: str) -> Iterator[None]:
+    """On a CPU-only machine, `Tensor.pin_memory()` leaves a tensor as it is (torch raises: there
+    is no accelerator to pin for): the extra buffer's decode step pins its track mask
+    unconditionally (0.5.23's `ScheduleBatch.prepare_for_decode`)."""
+    if device != "cpu" or torch.accelerator.is_available():
+        yield
+        return
+    pin = torch.Tensor.pin_memory
+    torch.Tensor.pin_memory = lambda tensor, *args, **kwargs: tensor
+    try:
+        yield
+    finally:
+        torch.Tensor.pin_memory = pin
 
 
 def _named_checker_class(base: type) -> type:
@@ -297,6 +357,10 @@ class RealScheduler:
         self.io, self.SamplingParams = io_struct, SamplingParams
         self.sampled: List[int] = []
         self.computed: Dict[str, Computed] = {}  # per rid, what the forward pass last computed
+        # per track slot, the checkpoint the forward pass last wrote there (the extra buffer),
+        # and who is told of each (`ModelMirror.record_track`)
+        self.tracked: Dict[int, Tuple[str, int]] = {}  # slot -> (rid, how many tokens it is of)
+        self.on_track: Callable[[Any, int, int], None] = lambda req, slot, length: None
         # the digest of every prefix of a request's tokens, those from a position on about to be
         # written (a protocol records what they are of: `PairedCaches.record_digests`)
         self.record_digests: Callable[[Optional[str], Sequence[int], int], List[int]] = _digests
@@ -339,6 +403,8 @@ class RealScheduler:
         make_watchdog = scheduler_module.create_scheduler_watchdog
         scheduler_module.create_scheduler_watchdog = lambda *args, **kwargs: None
         try:
+            if config.mamba_strategy != "no_buffer":
+                self.allow_the_extra_buffer_on_the_host()
             for attempt in range(BUILD_TRIES):
                 # the process groups are built once per process: an earlier build's go first
                 if getattr(bootstrap, "_PARALLEL_INITIALISED", False) or torch.distributed.is_initialized():
@@ -360,14 +426,26 @@ class RealScheduler:
             del _BUILDING["cut"]
         self._name_checker_failures()
 
+    @staticmethod
+    def allow_the_extra_buffer_on_the_host() -> None:
+        """Server-args validation refuses the extra buffer on the CPU platform
+        (`arg_groups/mamba_hook.py:_platform_supports_mamba_cache_extra_buffer`: CUDA, MUSA, NPU,
+        HIP, XPU), though its pools, tree and bookkeeping run on the host: the harness says the
+        platform takes it (the kernel's checkpoint writes are the stand-in worker's)."""
+        from sglang.srt.arg_groups import mamba_hook
+
+        mamba_hook._platform_supports_mamba_cache_extra_buffer = lambda: True
+
     def server_settings(self, model_path: str) -> Dict[str, Any]:
         """The server's command line: the tiny model, no tokenizer, the pools' sizes and the
         scheduling settings of the configuration, the cache under test as the radix backend."""
         config, sched = self.config, self.scheduler_config
         chunk = sched.chunked_prefill_size
+        tracking = {"mamba_track_interval": sched.mamba_track_interval} if config.mamba_strategy != "no_buffer" else {}
         return dict(
             model_path=model_path, device=config.device, skip_tokenizer_init=True, load_format="dummy",
-            disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer", page_size=config.page_size,
+            disable_overlap_schedule=True, mamba_radix_cache_strategy=config.mamba_strategy, page_size=config.page_size,
+            **tracking,
             max_running_requests=self.max_running_requests,
             max_total_tokens=config.kv_size, chunked_prefill_size=-1 if chunk is None else chunk,
             max_prefill_tokens=sched.max_prefill_tokens, schedule_policy=sched.schedule_policy,
@@ -433,7 +511,8 @@ class RealScheduler:
         self.sampled = list(sampled)
         self._ingests = 0
         try:
-            self.scheduler.event_loop_normal()
+            with pinning_on_the_host(self.config.device):
+                self.scheduler.event_loop_normal()
         except TurnEnd:
             pass
 
@@ -443,6 +522,7 @@ class RealScheduler:
         self.scheduler.new_token_ratio_tracker.reset()
         self.scheduler.forward_ct = 0
         self.computed.clear()
+        self.tracked.clear()
 
     # ----- reading the scheduler between turns ------------------------------------------------
 
@@ -458,6 +538,12 @@ class RealScheduler:
         done = self.computed.get(req.rid)
         slot = self.cut.mamba_slot_of(req)
         return done.length if done is not None and slot is not None and done.mamba_slot == slot else None
+
+    def track_len(self, req: Any, slot: int) -> Optional[int]:
+        """How many tokens the checkpoint in the request's track slot `slot` is of, when the
+        forward pass wrote it there for this request (None otherwise)."""
+        rid, length = self.tracked.get(slot, (None, None))
+        return length if rid == req.rid else None
 
     def held_requests(self) -> List[Any]:
         """Every request the scheduler still refers to (waiting, running, being chunked, in the
