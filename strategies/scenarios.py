@@ -22,7 +22,7 @@ from strategies.config import CacheConfig, SchedulerConfig
 
 Integer = Callable[[int, int], int]
 
-MAMBA_PER_REQUEST = 3  # model_runner.MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
+MAMBA_PER_REQUEST = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (0.5.23: mem_cache/kv_cache_configurator.py)
 
 OPERATIONS: Tuple[str, ...] = (
     "arrive",
@@ -63,16 +63,19 @@ def pool_config(
     integer: Integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu",
     mamba_strategies: Tuple[str, ...] = ("no_buffer",),
 ) -> CacheConfig:
-    """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks),
-    the request pool no larger than a third of the Mamba pool, and one of `mamba_strategies`."""
+    """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks)
+    and one of `mamba_strategies`, the Mamba pool holding `MAMBA_PER_REQUEST` slots per request
+    slot at least, and the track slots of each with the extra buffer (the model runner's
+    `_calculate_mamba_ratio`; the Mamba range's ends are raised to that where they fall short)."""
     if req[0] * MAMBA_PER_REQUEST > mamba[0]:
         raise ValueError(f"request pool sizes {req} must allow one no larger than a third of the Mamba pool {mamba}")
-    kv_size, mamba_size = integer(*kv), integer(*mamba)
-    req_size = integer(req[0], min(req[1], mamba_size // MAMBA_PER_REQUEST))
     strategy = mamba_strategies[integer(0, len(mamba_strategies) - 1)] if len(mamba_strategies) > 1 else mamba_strategies[0]
-    return CacheConfig(
-        kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device, mamba_strategy=strategy
-    )
+    config = CacheConfig(kv_size=1, mamba_size=1, req_size=1, max_context_len=128, device=device, mamba_strategy=strategy)
+    per_request = MAMBA_PER_REQUEST + config.tracking_slots
+    least = req[0] * per_request
+    kv_size, mamba_size = integer(*kv), integer(max(mamba[0], least), max(mamba[1], least))
+    req_size = integer(req[0], min(req[1], mamba_size // per_request))
+    return replace(config, kv_size=kv_size, mamba_size=mamba_size, req_size=req_size)
 
 
 def weighted_operations(mix: Mapping[str, int], applicable: Sequence[str]) -> Tuple[str, ...]:
