@@ -271,3 +271,63 @@ def test_a_unified_era_trace_keeps_its_verdict_under_the_real_scheduler(real, na
             assert not verdict.ok and verdict.failure.check == trace.failure.check, (cache, verdict)
         else:
             assert verdict.ok, (cache, verdict)
+
+
+# ----- the extra buffer (`--mamba-strategy extra_buffer`) -----------------------------------------
+
+
+def extra_buffer_driver(factory, chunk=6):
+    from harness.caches import cache_class
+    from harness.driver import Driver
+    from harness.findings import set_aside
+
+    if "extra_buffer" not in cache_class(factory).mamba_strategies:
+        pytest.skip(f"SGLang {sglang_version()}'s unified cache is not driven with the extra buffer yet")
+    config = CacheConfig(kv_size=96, mamba_size=12, req_size=3, mamba_strategy="extra_buffer")
+    scheduler = SchedulerConfig(chunked_prefill_size=chunk, eos_token_id=99, mamba_track_interval=4)
+    return Driver(config, scheduler, factory, protocol="scheduler", set_aside=set_aside(["all"], sglang_version()))
+
+
+EXTRA_BUFFER_PROGRAM = [
+    ("arrive", {"tokens": list(range(1, 14)), "extra_key": None, "max_new_tokens": 6}),
+    *[("iterate", {"tokens": [7, 8], "transferred": 0})] * 9,
+    ("arrive", {"tokens": list(range(1, 14)) + [50, 51, 52], "extra_key": None, "max_new_tokens": 3}),
+    *[("iterate", {"tokens": [9], "transferred": 0})] * 6,
+]
+
+
+def test_with_the_extra_buffer_the_tree_keeps_the_checkpoints_the_forward_pass_wrote(factory):
+    """Chunks of 6 tokens checkpoint on the tiny model's 4-token Mamba chunk from each chunk's
+    start (4, then 6 + 4); the finished request gives its last decode checkpoint; the second
+    request resumes from the deepest checkpoint it shares and donates its own."""
+    driver = extra_buffer_driver(factory)
+    seen = []
+    driver.on_event = driver.caches.on_event = seen.append
+    run_program(driver, EXTRA_BUFFER_PROGRAM)
+    tree = {tokens: rec.mamba is not None for (_, tokens), rec in driver.model.nodes.items()}
+    assert tree[tuple(range(1, 5))] and tree[tuple(range(1, 11))]
+    assert tree[tuple(range(1, 14)) + (50,)]  # 10 + 4: the second request's own checkpoint
+    assert seen.count("slot donated") >= 2 and "track boundary crossed" in seen
+    assert driver.protocol.live_requests() == [] and driver.cut.sizes()[1] == 0
+
+
+def test_a_checkpoint_recorded_one_token_past_what_the_kernel_wrote_is_caught(factory, monkeypatch):
+    """A planted bookkeeping bug in the scheduler (the request records its tracked seqlen one
+    past the state the backend writes): the tree keys a state under a path it is not of."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    driver = extra_buffer_driver(factory)
+    prepare = ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend
+
+    def off_by_one(batch, req):
+        entry = prepare(batch, req)
+        if entry.track_mask:
+            req.kv.mamba_last_track_seqlen += 1
+        return entry
+
+    monkeypatch.setattr(ScheduleBatch, "_mamba_radix_cache_v2_req_prepare_for_extend", off_by_one)
+    from harness.pairing import Divergence
+
+    # the model takes the checkpoint's length from the stand-in's own record, never SGLang's
+    with pytest.raises(Divergence, match=r"checkpoint\(req 0, up_to=6\): the request's last node after caching differs"):
+        run_program(driver, EXTRA_BUFFER_PROGRAM)
