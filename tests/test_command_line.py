@@ -61,6 +61,10 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
         # impl runs inside the installed SGLang's own scheduler (none here)
         (["fuzz", "--protocol", "scheduler"], "--protocol scheduler runs impl inside SGLang's own scheduler: SGLang cannot be imported"),
         (["replay", TRACE, "--impl", "impl", "--protocol", "scheduler"], "--protocol scheduler runs impl inside SGLang's own scheduler"),
+        # the extra buffer runs under a release's own scheduler only
+        (["fuzz", "--mamba-strategy", "extra_buffer"], "the contract scheduler runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'"),
+        (["fuzz", "--mamba-strategy", "lazy"], "argument --mamba-strategy: invalid choice: 'lazy'"),
+        (["replay", TRACE, "--mamba-strategy", "extra_buffer"], "runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'"),
     ],
 )
 def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):

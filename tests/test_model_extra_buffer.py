@@ -107,3 +107,28 @@ def test_a_track_slot_the_request_does_not_hold_is_refused():
     req = running(m, 0, [1, 2, 3])
     with pytest.raises(ValueError, match="holds track slots"):
         m.record_track(req, 7, 2)
+
+
+def test_the_configuration_names_its_strategy_and_its_track_slots():
+    from strategies.config import CacheConfig, SchedulerConfig
+
+    assert CacheConfig(kv_size=8, mamba_size=4, req_size=1).tracking_slots == 0
+    assert CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="extra_buffer").tracking_slots == 1
+    with pytest.raises(ValueError, match="mamba_strategy must be one of .*, got 'lazy'"):
+        CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="lazy")
+    with pytest.raises(ValueError, match="mamba_track_interval must be a positive int, got 0"):
+        SchedulerConfig(mamba_track_interval=0)
+
+
+def test_extra_buffer_pools_hold_the_track_slots_of_every_request():
+    """As 0.5.23's model runner sizes them: 3 + 1 Mamba slots per request slot."""
+    import random
+    from dataclasses import replace
+
+    from strategies.scenarios import SCENARIOS
+
+    rng = random.Random(7)
+    for scenario in SCENARIOS.values():
+        for _ in range(20):
+            config = replace(scenario, mamba_strategies=("extra_buffer",)).config(rng.randint)
+            assert config.mamba_strategy == "extra_buffer" and config.mamba_size >= 4 * config.req_size

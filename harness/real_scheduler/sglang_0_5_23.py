@@ -294,18 +294,24 @@ class StandInWorker:
 
 @contextlib.contextmanager
 def pinning_on_the_host(device: str) -> Iterator[None]:
-    """On a CPU-only machine, `Tensor.pin_memory()` leaves a tensor as it is (torch raises: there
-    is no accelerator to pin for): the extra buffer's decode step pins its track mask
-    unconditionally (0.5.23's `ScheduleBatch.prepare_for_decode`)."""
+    """On a CPU-only machine, `Tensor.pin_memory()` leaves a tensor as it is and
+    `torch.tensor(..., pin_memory=True)` builds it unpinned (torch raises: there is no
+    accelerator to pin for): the extra buffer's bookkeeping pins its track mask
+    unconditionally (0.5.23's `ScheduleBatch.prepare_for_decode`) and its track positions
+    (0.5.22's `set_mamba_track_indices_from_reqs`)."""
     if device != "cpu" or torch.accelerator.is_available():
         yield
         return
-    pin = torch.Tensor.pin_memory
-    torch.Tensor.pin_memory = lambda tensor, *args, **kwargs: tensor
+    pin, make = torch.Tensor.pin_memory, torch.tensor
+
+    def unpinned(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
+        return make(*args, **kwargs)
+
+    torch.Tensor.pin_memory, torch.tensor = (lambda tensor, *args, **kwargs: tensor), unpinned
     try:
         yield
     finally:
-        torch.Tensor.pin_memory = pin
+        torch.Tensor.pin_memory, torch.tensor = pin, make
 
 
 def _named_checker_class(base: type) -> type:
