@@ -50,6 +50,12 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         other = [c for c in options.configs if not set(SCENARIOS[c].disaggregation) <= set(modes)]
         if other:
             out.write(f"fuzz: {other} run under the {cache_class(factory).default_protocol} protocol: {protocol.title()} runs disaggregation modes {modes} only\n")
+    strategies = {c: sorted(set(options.scenario(c).mamba_strategies)) for c in options.configs}
+    if any(drawn != ["no_buffer"] for drawn in strategies.values()):
+        by = {}
+        for c, drawn in strategies.items():
+            by.setdefault(", ".join(drawn), []).append(c)
+        out.write("fuzz: Mamba strategies " + "; ".join(f"{drawn} in {configs}" for drawn, configs in by.items()) + "\n")
     if options.impl.startswith("sglang"):
         from harness.caches.sglang_loader import development_note
 

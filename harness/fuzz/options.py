@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import List, Optional
 
-from harness.caches import cache_factory, cache_release, default_protocol
+from harness.caches import cache_class, cache_factory, cache_release, default_protocol
 from harness.devices import best_device, check_device
 from harness.fuzz.database import check_database
 from harness.outputs import check_output_dir, check_output_file
@@ -45,9 +45,21 @@ class FuzzOptions:
     mamba_strategy: Optional[str] = None  # None: each configuration's own; else every program's
 
     def scenario(self, name: str) -> Scenario:
-        """Configuration `name` as this run draws it (its Mamba strategy pinned, if asked)."""
+        """Configuration `name` as this run draws it: its Mamba strategy pinned, if asked, else
+        drawn among those every protocol its programs may run under takes (the cache's own, and
+        the hand-written one it falls back to for settings the own cannot run), the extra buffer
+        twice as often as none (what SGLang serves by default, its overlap loop on)."""
         scenario = SCENARIOS[name]
-        return scenario if self.mamba_strategy is None else replace(scenario, mamba_strategies=(self.mamba_strategy,))
+        if self.mamba_strategy is not None:
+            return replace(scenario, mamba_strategies=(self.mamba_strategy,))
+        factory = cache_factory(self.impl)
+        own = protocol_class(self.protocol or default_protocol(factory))
+        protocols = [own]
+        if self.protocol is None and not set(scenario.disaggregation) <= set(own.disaggregation_modes):
+            protocols.append(protocol_class(cache_class(factory).default_protocol))
+        taken = [s for s in MAMBA_STRATEGIES if s in cache_class(factory).mamba_strategies and all(s in p.mamba_strategies for p in protocols)]
+        weighted = tuple(s for s in taken for _ in range(2 if s == "extra_buffer" else 1))
+        return replace(scenario, mamba_strategies=weighted)
 
     def known_findings(self) -> SetAside:
         """What this run sets aside from the start (names checked against the release under test,
