@@ -30,8 +30,6 @@ from strategies.config import CacheConfig
 class SglangUnified0520Cache(SglangUnifiedCache):
     """0.5.20's `UnifiedRadixCache` on one tree core (see the module docstring)."""
 
-    mamba_strategies = ("no_buffer",)  # its extra buffer is not driven yet
-
     rules = SGLANG_UNIFIED_0_5_20
     default_protocol = "unified-0.5.20"
     protocols = ("unified", "unified-0.5.20", "scheduler")  # the real scheduler: 0.5.19 .. 0.5.21 (`RELEASES`)

@@ -7,7 +7,8 @@ tree_cache, is_insert)`): the protocol's mirror of that era (`scheduler_mirror`)
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from types import SimpleNamespace
+from typing import Any, Dict, Tuple
 
 from harness.real_scheduler import sglang_0_5_23
 
@@ -20,3 +21,31 @@ class StandInWorker(sglang_0_5_23.StandInWorker):
 
 class RealScheduler(sglang_0_5_23.RealScheduler):
     worker_class = StandInWorker
+
+    @staticmethod
+    def allow_the_extra_buffer_on_the_host() -> None:
+        """0.5.21's (and 0.5.20's) `validate_mamba_extra_buffer` asks the platform itself
+        (`get_platform().is_cuda or ...`; 0.5.22 moved the question into
+        `_platform_supports_mamba_cache_extra_buffer`): while it validates, the platform it reads
+        says CUDA, and only there."""
+        from sglang.srt.arg_groups import mamba_hook
+
+        validate = mamba_hook.validate_mamba_extra_buffer
+        if getattr(validate, "__wrapped__", None) is not None:
+            return
+        platform = mamba_hook.get_platform
+
+        def on_a_platform_taking_it(*args: Any, **kwargs: Any) -> Any:
+            mamba_hook.get_platform = lambda: SimpleNamespace(**{**vars_of(platform()), "is_cuda": True})
+            try:
+                return validate(*args, **kwargs)
+            finally:
+                mamba_hook.get_platform = platform
+
+        on_a_platform_taking_it.__wrapped__ = validate
+        mamba_hook.validate_mamba_extra_buffer = on_a_platform_taking_it
+
+
+def vars_of(platform: Any) -> Dict[str, Any]:
+    """A platform's facts by name (its public attributes)."""
+    return {name: getattr(platform, name) for name in dir(platform) if not name.startswith("_")}
