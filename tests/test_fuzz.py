@@ -248,3 +248,13 @@ def test_shrinking_stops_at_its_deadline_with_a_trace_that_still_fails(tmp_path)
     assert kept.operations == failed.operations and kept.failure.check == failed.failure.check
     shrunk = shrink_operations(failed, factory)
     assert len(shrunk.operations) < len(failed.operations) and shrunk.failure.check == failed.failure.check
+
+
+def test_the_extra_buffer_is_drawn_only_where_the_cache_and_every_protocol_take_it():
+    """impl (the contract, no extra buffer) draws no_buffer alone; a pinned strategy is every
+    program's."""
+    from harness.fuzz.options import FuzzOptions
+
+    assert FuzzOptions(impl="impl").scenario("medium").mamba_strategies == ("no_buffer",)
+    pinned = FuzzOptions(impl="impl", mamba_strategy="extra_buffer").scenario("chunked")
+    assert pinned.mamba_strategies == ("extra_buffer",) and pinned.name == "chunked"

@@ -331,3 +331,17 @@ def test_a_checkpoint_recorded_one_token_past_what_the_kernel_wrote_is_caught(fa
     # the model takes the checkpoint's length from the stand-in's own record, never SGLang's
     with pytest.raises(Divergence, match=r"checkpoint\(req 0, up_to=6\): the request's last node after caching differs"):
         run_program(driver, EXTRA_BUFFER_PROGRAM)
+
+
+def test_a_fuzz_of_the_release_draws_the_extra_buffer_by_default(factory):
+    """Where the release's own scheduler is driven with the extra buffer, a fuzz draws it
+    twice as often as no_buffer (what SGLang serves by default); disaggregated prefill, which
+    falls back to the hand-written calls, draws no_buffer alone."""
+    from harness.caches import cache_class
+    from harness.fuzz.options import FuzzOptions
+
+    if "extra_buffer" not in cache_class(factory).mamba_strategies:
+        pytest.skip(f"SGLang {sglang_version()}'s unified cache is not driven with the extra buffer yet")
+    options = FuzzOptions(impl="sglang-python")
+    assert sorted(options.scenario("medium").mamba_strategies) == ["extra_buffer", "extra_buffer", "no_buffer"]
+    assert options.scenario("disagg_prefill").mamba_strategies == ("no_buffer",)
