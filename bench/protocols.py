@@ -11,7 +11,9 @@ findings set aside. A program stops at its first failure under either protocol (
 schedulers decide differently, so an `abort` may name a request one of them has finished), so
 the step counts can differ; the figures are steps run over the seconds they took. The real
 scheduler's time includes building it for each new pool configuration (every program draws its
-own) and resetting it between programs.
+own) and resetting it between programs. Where the release's cache is driven with the extra
+buffer, the same programs run under the scheduler a third time on pools built with it (the Mamba
+pool grown to hold the track slots).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from bench import parse_with_device, write_json
@@ -28,6 +31,7 @@ from harness.findings import set_aside
 from harness.program import OperationChooser
 from harness.usage import CommandParser
 from strategies import SCENARIOS
+from strategies.scenarios import MAMBA_PER_REQUEST
 from strategies.config import CacheConfig, SchedulerConfig
 from strategies.draws import RandomDraws
 
@@ -59,6 +63,20 @@ def draw_programs(count: int, steps: int, configs: List[str], factory: Any, prot
     return programs
 
 
+EXTRA_BUFFER = "scheduler, extra_buffer"
+
+
+def with_the_extra_buffer(programs: List[Program]) -> List[Program]:
+    """The same programs on pools built with the extra buffer, the Mamba pool grown to hold each
+    request's track slot too (as `strategies.scenarios.pool_config` sizes it)."""
+    out = []
+    for config, scheduler, operations in programs:
+        extra = replace(config, mamba_strategy="extra_buffer")
+        extra = replace(extra, mamba_size=max(config.mamba_size, config.req_size * (MAMBA_PER_REQUEST + extra.tracking_slots)))
+        out.append((extra, scheduler, operations))
+    return out
+
+
 def run_programs(programs: List[Program], factory: Any, protocol: str, aside: Any) -> Tuple[int, float]:
     """Run every program under `protocol`, every check after every step; (steps run, seconds)."""
     steps, started = 0, time.perf_counter()
@@ -83,12 +101,16 @@ def measure(programs: int, steps: int, rounds: int, configs: List[str], tree_cor
     hand_written = cache_class(factory).default_protocol
     aside = set_aside(["all"], cache_release(factory))
     drawn = draw_programs(programs, steps, configs, factory, hand_written, seed, aside, device)
-    protocols = (hand_written, "scheduler")
+    # label -> (the protocol, the programs it runs)
+    runs = {hand_written: (hand_written, drawn), "scheduler": ("scheduler", drawn)}
+    if "extra_buffer" in cache_class(factory).mamba_strategies:
+        runs[EXTRA_BUFFER] = ("scheduler", with_the_extra_buffer(drawn))
+    protocols = tuple(runs)
     run_programs(drawn[:1], factory, "scheduler", aside)  # the import and first build, not timed
     results: Dict[str, List[Tuple[int, float]]] = {p: [] for p in protocols}
     for _ in range(rounds):
-        for protocol in protocols:
-            results[protocol].append(run_programs(drawn, factory, protocol, aside))
+        for label, (protocol, variant) in runs.items():
+            results[label].append(run_programs(variant, factory, protocol, aside))
     rates = {p: [s / t for s, t in runs] for p, runs in results.items()}
     medians = {p: statistics.median(values) for p, values in rates.items()}
     return {
@@ -131,12 +153,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     hand_written = result["protocols"][0]
     print(f"SGLang {result['release']}, {result['cache']} on {args.device}: {args.programs} programs, {result['operations_drawn']} operations drawn, configurations {configs}")
     for i in range(args.rounds):
-        h, s = (result["steps_per_second"][p][i] for p in result["protocols"])
-        hs, ss = (result["steps_run"][p][i] for p in result["protocols"])
-        print(f"round {i + 1}: {hand_written} {h:7.0f} steps/s ({hs} steps)   scheduler {s:7.0f} steps/s ({ss} steps)   ratio {s / h:4.2f}x")
+        cells = [f"{p} {result['steps_per_second'][p][i]:7.0f} steps/s ({result['steps_run'][p][i]} steps)" for p in result["protocols"]]
+        print(f"round {i + 1}: " + "   ".join(cells))
     medians = result["median_steps_per_second"]
-    print(f"median: {hand_written} {medians[hand_written]:.0f} steps/s, scheduler {medians['scheduler']:.0f} steps/s, "
-          f"scheduler / {hand_written} {result['scheduler_over_hand_written']:.2f}x")
+    print("median: " + ", ".join(f"{p} {medians[p]:.0f} steps/s" for p in result["protocols"])
+          + f"; scheduler / {hand_written} {result['scheduler_over_hand_written']:.2f}x")
     if args.json:
         write_json(args.json, result)
     return 0
