@@ -346,3 +346,8 @@ def test_a_fuzz_of_the_release_draws_the_extra_buffer_by_default(factory):
     options = FuzzOptions(impl="sglang-python")
     assert sorted(options.scenario("medium").mamba_strategies) == ["extra_buffer", "extra_buffer", "no_buffer"]
     assert options.scenario("disagg_prefill").mamba_strategies == ("no_buffer",)
+    # pinned, a configuration whose programs would fall back to the hand-written calls is left out
+    pinned = FuzzOptions(impl="sglang-python", mamba_strategy="extra_buffer", configs=["medium", "disagg_prefill"], device="cpu")
+    pinned.check()
+    assert (pinned.configs, pinned.left_out) == (["medium"], ["disagg_prefill"])
+    assert "runs no extra_buffer" in pinned.left_out_why

@@ -45,7 +45,7 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     )
     modes = list(protocol.disaggregation_modes)
     if options.left_out:
-        out.write(f"fuzz: left out {options.left_out}: {protocol.title()} runs disaggregation modes {modes} only\n")
+        out.write(f"fuzz: left out {options.left_out}: {options.left_out_why}\n")
     elif options.protocol is None:
         other = [c for c in options.configs if not set(SCENARIOS[c].disaggregation) <= set(modes)]
         if other:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from harness.caches import cache_class, cache_factory, cache_release, default_protocol
 from harness.devices import best_device, check_device
@@ -42,7 +42,16 @@ class FuzzOptions:
     set_aside: List[str] = field(default_factory=list)
     # configurations `check` took out of `configs`: their settings are none the named protocol runs
     left_out: List[str] = field(default_factory=list)
+    left_out_why: str = ""  # why, in a line
     mamba_strategy: Optional[str] = None  # None: each configuration's own; else every program's
+
+    def _protocols_of(self, scenario: Scenario, factory: Any) -> List[type]:
+        """The protocols a configuration's programs may run under: the one named, else the
+        cache's own and, for settings that one cannot run, the hand-written one it falls back to."""
+        own = protocol_class(self.protocol or default_protocol(factory))
+        if self.protocol is None and not set(scenario.disaggregation) <= set(own.disaggregation_modes):
+            return [own, protocol_class(cache_class(factory).default_protocol)]
+        return [own]
 
     def scenario(self, name: str) -> Scenario:
         """Configuration `name` as this run draws it: its Mamba strategy pinned, if asked, else
@@ -53,10 +62,7 @@ class FuzzOptions:
         if self.mamba_strategy is not None:
             return replace(scenario, mamba_strategies=(self.mamba_strategy,))
         factory = cache_factory(self.impl)
-        own = protocol_class(self.protocol or default_protocol(factory))
-        protocols = [own]
-        if self.protocol is None and not set(scenario.disaggregation) <= set(own.disaggregation_modes):
-            protocols.append(protocol_class(cache_class(factory).default_protocol))
+        protocols = self._protocols_of(scenario, factory)
         taken = [s for s in MAMBA_STRATEGIES if s in cache_class(factory).mamba_strategies and all(s in p.mamba_strategies for p in protocols)]
         weighted = tuple(s for s in taken for _ in range(2 if s == "extra_buffer" else 1))
         return replace(scenario, mamba_strategies=weighted)
@@ -97,6 +103,8 @@ class FuzzOptions:
             raise ValueError(refusal)
         if self.protocol is not None:  # else a program it cannot run takes the hand-written calls
             self._leave_out_unrunnable(protocol)
+        elif self.mamba_strategy is not None:  # ... which must take the pinned strategy too
+            self._leave_out_unpinnable(factory)
         check_device(self.device)
         if self.engine == "hypothesis":
             check_database(self.db)
@@ -109,6 +117,21 @@ class FuzzOptions:
         mode it lacks); ValueError when none is left."""
         runnable = [c for c in self.configs if set(SCENARIOS[c].disaggregation) & set(protocol.disaggregation_modes)]
         self.left_out = [c for c in self.configs if c not in runnable]
+        self.left_out_why = f"{protocol.title()} runs disaggregation modes {list(protocol.disaggregation_modes)} only"
         if not runnable:
             raise ValueError(f"--config: {protocol.title()} runs none of {self.configs} (it runs disaggregation modes {list(protocol.disaggregation_modes)})")
+        self.configs = runnable
+
+    def _leave_out_unpinnable(self, factory: Any) -> None:
+        """Take out of `configs` those some of whose programs would fall back to a protocol that
+        does not take the pinned Mamba strategy; ValueError when none is left."""
+        def takes(config: str) -> bool:
+            return all(self.mamba_strategy in p.mamba_strategies for p in self._protocols_of(SCENARIOS[config], factory))
+
+        runnable = [c for c in self.configs if takes(c)]
+        self.left_out = [c for c in self.configs if c not in runnable]
+        self.left_out_why = (f"their settings fall back to the {cache_class(factory).default_protocol} protocol, "
+                             f"which runs no {self.mamba_strategy}")
+        if not runnable:
+            raise ValueError(f"--config: none of {self.configs} runs with --mamba-strategy {self.mamba_strategy} ({self.left_out_why})")
         self.configs = runnable
