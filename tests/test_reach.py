@@ -4,17 +4,21 @@ Runs several configurations for a fixed number of programs and fails naming ever
 (`harness.engines.hypothesis_engine.REACH_LABELS`) that never occurred. The contract scheduler
 drives `impl`; the paths only SGLang 0.5.4's scheduler takes (a waiting request that keeps its
 copy-on-write slot, then is re-matched or aborted) are reached by driving `impl` with that
-release's calls, which `impl` must accept.
+release's calls, which `impl` must accept. The extra buffer's paths are reached under the
+installed SGLang release's own scheduler (skipped without one that drives it).
 """
 
 import random
 from collections import Counter
+from dataclasses import replace
+
+import pytest
 
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.caches import ImplCache
-from harness.engines.hypothesis_engine import RELEASE_0_5_4_LABELS, REACH_LABELS, machine_for
+from harness.engines.hypothesis_engine import EXTRA_BUFFER_LABELS, RELEASE_0_5_4_LABELS, REACH_LABELS, machine_for
 from harness.engines.random_engine import ProgramFailed, random_program
 from strategies import SCENARIOS
 
@@ -54,4 +58,32 @@ def test_impl_takes_every_call_of_sglang_0_5_4s_scheduler(tmp_path):
             except ProgramFailed as failed:
                 assert failed.check != "TypeError", failed
     missing = [label for label in RELEASE_0_5_4_LABELS if seen[label] == 0]
+    assert not missing, f"never reached: {missing}; seen: {dict(seen)}"
+
+
+@pytest.mark.sglang
+def test_the_extra_buffer_s_paths_occur_under_the_release_s_own_scheduler(tmp_path):
+    """Checkpoints at track boundaries, slots donated by running and finished requests, a
+    request finishing before any checkpoint, a request released without caching (aborted or
+    retracted): each reached by seeded random programs with the extra buffer, the known
+    findings set aside."""
+    from harness.caches import cache_class, cache_factory, cache_release
+    from harness.caches.sglang_loader import sglang_unavailable
+    from harness.findings import set_aside
+
+    reason = sglang_unavailable()
+    if reason:
+        pytest.skip(reason)
+    factory = cache_factory("sglang-python")
+    if "extra_buffer" not in cache_class(factory).mamba_strategies:
+        pytest.skip(f"SGLang {cache_release(factory)}'s unified cache is not driven with the extra buffer")
+    seen = Counter()
+    rng = random.Random(32)
+    aside = set_aside(["all"], cache_release(factory))
+    for name in ("chunked", "decode_pressure", "medium"):
+        scenario = replace(SCENARIOS[name], mamba_strategies=("extra_buffer",))
+        for _ in range(PROGRAMS // 3):
+            random_program(scenario, factory, rng, BUDGET.stateful_step_count, "cpu", str(tmp_path),
+                           lambda label: seen.update([label]), protocol="scheduler", set_aside=aside, shrink=False)
+    missing = [label for label in EXTRA_BUFFER_LABELS if seen[label] == 0]
     assert not missing, f"never reached: {missing}; seen: {dict(seen)}"

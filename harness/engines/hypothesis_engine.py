@@ -64,6 +64,8 @@ REACH_LABELS = (
 )
 # the paths only SGLang 0.5.4's scheduler takes: a refused request keeps its copy-on-write slot
 RELEASE_0_5_4_LABELS = ("cow into an existing slot", "abort of a waiting request holding a Mamba slot")
+# the extra buffer's paths (`--mamba-strategy extra_buffer`), under a release's own scheduler
+EXTRA_BUFFER_LABELS = ("track boundary crossed", "slot donated", "finished with no tracked state", "released without caching")
 
 PENDING_DIR = os.path.join(PROJECT_ROOT, "tests", "regressions", "pending")
 
