@@ -145,7 +145,7 @@ def run_replay(args, out: TextIO) -> int:
         from harness.reproducer import ScriptError, to_script
 
         try:
-            out.write(to_script(trace, factory, args.file))
+            out.write(to_script(trace, factory, args.file, args.protocol))
         except ScriptError as exc:
             raise UsageError(f"--to-script: {exc}") from None
         return 0

@@ -82,3 +82,26 @@ def test_the_reproducer_fails_on_an_affected_release_and_passes_on_the_fixed_one
             assert run.returncode == 0 and run.stdout.strip().splitlines()[-1].startswith("OK: the"), run.stderr[-2000:]
         else:
             assert run.returncode == 1 and ending in run.stderr.strip().splitlines()[-1], run.stderr[-2000:]
+
+
+@pytest.mark.sglang
+def test_a_trace_of_the_release_s_own_scheduler_is_scripted_from_its_hand_written_calls(tmp_path):
+    """The real scheduler's in-process build cannot be written as a script: `--to-script`
+    refuses in one line naming the hand-written protocol, and with it writes a reproducer that
+    fails on the release with the finding's own assertion."""
+    reason = sglang_unavailable()
+    if reason:
+        pytest.skip(reason)
+    if sglang_version() != "0.5.23":
+        pytest.skip(f"the trace was recorded on SGLang 0.5.23 (installed: {sglang_version()})")
+    trace = os.path.join(REGRESSIONS, "sglang-0.5.23", "scheduler-reset-drops-linked-tree.json")
+    refused = harness("replay", trace, "--to-script")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "whose in-process build a script cannot write: --protocol unified" in refused.stderr.strip().splitlines()[-1]
+    written = harness("replay", trace, "--to-script", "--protocol", "unified")
+    assert written.returncode == 0, written.stderr
+    script = tmp_path / "repro.py"
+    script.write_text(written.stdout)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=str(tmp_path),
+                         env=dict(os.environ, SGLANG_MAMBA_SSM_DTYPE="float32"))
+    assert run.returncode != 0 and "that left the tree are still alive" in run.stderr

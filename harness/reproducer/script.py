@@ -24,11 +24,11 @@ from __future__ import annotations
 import inspect
 from typing import Any, Dict, List, Optional
 
-from harness.caches import CacheFactory
+from harness.caches import CacheFactory, cache_class
 from harness.reproducer.record import Recorder, ScriptError, attributes_of
 from harness.signature import EXCEPTION, INVARIANT, Signature
 from harness.findings import KnownFinding
-from harness.trace import Trace, finding_of, replay
+from harness.trace import Trace, finding_of, replay, replay_protocol
 
 SUPPORTED_INVARIANTS = ("own_storage", "index_types", "node_reclaimed")
 
@@ -125,10 +125,17 @@ def nodes_left_alive(root):
 '''
 
 
-def to_script(trace: Trace, factory: CacheFactory, source: str) -> str:
-    """The reproducer of `trace`'s failure (see the module docstring); ScriptError why not."""
+def to_script(trace: Trace, factory: CacheFactory, source: str, protocol: Optional[str] = None) -> str:
+    """The reproducer of `trace`'s failure under `protocol` (default: the one a replay takes; see
+    the module docstring); ScriptError why not."""
     if not trace.impl.startswith("sglang"):
         raise ScriptError(f"{source} was recorded on {trace.impl}, not on SGLang: --to-script writes SGLang reproducers")
+    if replay_protocol(trace, factory, protocol) == "scheduler":
+        raise ScriptError(
+            f"{source} runs under the release's own scheduler, whose in-process build a script cannot write: "
+            f"--protocol {cache_class(factory).default_protocol} writes the hand-written calls of its release, "
+            "where the failure reproduces under them"
+        )
     if trace.failure is None:
         raise ScriptError(f"{source} records no failure: nothing to reproduce")
     signature = trace.failure.signature
@@ -146,7 +153,7 @@ def to_script(trace: Trace, factory: CacheFactory, source: str) -> str:
         raise ScriptError(f"{source}: {signature.check} was raised by {signature.where}, not by an SGLang call: no standalone form")
     if signature.kind not in (INVARIANT, EXCEPTION):
         raise ScriptError(f"{source}: a disagreement with the model ({signature.what}) has no standalone form")
-    recorder, verdict, cut = _record(trace, factory)
+    recorder, verdict, cut = _record(trace, factory, protocol)
     if verdict.ok or verdict.failure.signature is None or not verdict.failure.signature.same_as(signature):
         got = "passes" if verdict.ok else f"fails as {verdict.failure.signature.key}"
         raise ScriptError(f"{source}: recorded again with its calls written down, it {got}, not as {signature.key}")
@@ -156,7 +163,7 @@ def to_script(trace: Trace, factory: CacheFactory, source: str) -> str:
     return _document(trace, signature, recorder, body, finding_of(trace, factory))
 
 
-def _record(trace: Trace, factory: CacheFactory):
+def _record(trace: Trace, factory: CacheFactory, protocol: Optional[str] = None):
     from harness.caches.sglang_loader import VirtualClock, load_sglang
     from harness.caches.sglang_0_5_4 import SglangReq
     from harness.caches.sglang_0_5_20 import Req0520
@@ -189,7 +196,7 @@ def _record(trace: Trace, factory: CacheFactory):
 
     Driver.check, PairedCaches._overwrite = check, overwrite
     try:
-        verdict = replay(trace, factory, on_step=on_step)
+        verdict = replay(trace, factory, protocol=protocol, on_step=on_step)
     finally:
         Driver.check, PairedCaches._overwrite = original_check, original_overwrite
         recorder.undo()
