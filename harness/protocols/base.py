@@ -31,6 +31,7 @@ class SchedulerProtocol:
     # the server's disaggregation modes it runs (`SchedulerConfig.disaggregation_mode`)
     disaggregation_modes: Tuple[str, ...] = DISAGGREGATION_MODES
 
+    # the Mamba strategies whose scheduler bookkeeping it drives (`CacheConfig.mamba_strategy`)
     mamba_strategies: Tuple[str, ...] = ("no_buffer",)
 
     @classmethod
