@@ -308,7 +308,7 @@ def build_parser() -> CommandParser:
                     help="known findings of the release fail the run too (else only new failure signatures do)")
     fz.add_argument("--mamba-strategy", default=None, choices=MAMBA_STRATEGIES,
                     help="every program's Mamba strategy (default: drawn among those the cache and protocol take, "
-                         "extra_buffer twice as often: SGLang's UnifiedRadixCache under its own scheduler, 0.5.19 on)")
+                         "extra_buffer twice as often: SGLang's UnifiedRadixCache under its own scheduler, 0.5.16 on)")
     fz.add_argument("--trace-dir", default=None, help="where failure traces go (default tests/regressions/pending)")
     fz.add_argument("--set-aside", action="append", default=[], metavar="FINDING|TRACE.json|SIGNATURE",
                     help="set aside a known finding of the release under test ('all': every one; docs/findings.md), the "

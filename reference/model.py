@@ -57,6 +57,9 @@ class Rules:
     first_req_slot: int = 0
     # request slots are handed out from the tail of the free list (else from its head)
     req_slots_from_tail: bool = False
+    # with the extra buffer, a finished request's KV past its tracked state's key is freed before
+    # the insert (else after it, with the rest of what the request gives back)
+    finishing_frees_past_key_first: bool = False
 
 
 SGLANG_0_5_4 = Rules("0.5.4")
@@ -652,12 +655,16 @@ class ReferenceCache:
         else:
             pos, length = picked
             tokens = (req.origin + tuple(req.output))[:length]
+            past_key = kv[max(length, len(req.prefix)):]
+            if self.rules.finishing_frees_past_key_first:
+                self.free_kv(past_key)  # rule (unified 0.5.16): the tail goes before the insert
             new_prefix_len, exist = self.insert(tokens, req.extra_key, kv[:length], req.tracks[pos], len(req.prefix))
             if self.rules.finishing_rematches:
                 self.match_prefix(tokens, req.extra_key)
             if not self.rules.insert_frees_duplicate_kv:
                 self.free_kv(kv[len(req.prefix):new_prefix_len])
-            self.free_kv(kv[max(length, len(req.prefix)):])
+            if not self.rules.finishing_frees_past_key_first:
+                self.free_kv(past_key)
             keep = None if exist else pos
         self.free_request_states(req, keep)
         self.req_free_slot(req, free_mamba=False)

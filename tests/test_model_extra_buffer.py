@@ -132,3 +132,23 @@ def test_extra_buffer_pools_hold_the_track_slots_of_every_request():
         for _ in range(20):
             config = replace(scenario, mamba_strategies=("extra_buffer",)).config(rng.randint)
             assert config.mamba_strategy == "extra_buffer" and config.mamba_size >= 4 * config.req_size
+
+
+def test_a_release_may_free_the_kv_past_the_key_before_the_insert():
+    """`finishing_frees_past_key_first` (unified 0.5.16): the same slots freed, the tail first."""
+    from dataclasses import replace
+
+    orders = []
+    for first in (False, True):
+        m = ReferenceCache(kv_size=32, mamba_size=8, req_size=4, tracking_slots=1,
+                           rules=replace(SGLANG_UNIFIED, finishing_frees_past_key_first=first))
+        first_req = running(m, 0, [1, 2, 3, 4])
+        m.record_track(first_req, first_req.tracks[0], 4)
+        m.cache_finished_req(first_req, length=4)
+        req = running(m, 1, [1, 2, 3, 4, 5, 6])  # its first four tokens duplicate the tree's
+        m.record_track(req, req.tracks[0], 4)
+        kv = [req.row[i] for i in range(6)]
+        m.cache_finished_req(req, length=6)
+        orders.append(m.kv_free[-6:])
+    after, before = orders
+    assert after == kv[:4] + kv[4:] and before == kv[4:] + kv[:4]

@@ -321,8 +321,8 @@ def test_a_checkpoint_recorded_one_token_past_what_the_kernel_wrote_is_caught(fa
 
     def off_by_one(batch, req):
         entry = prepare(batch, req)
-        if entry.track_mask:
-            req.kv.mamba_last_track_seqlen += 1
+        if entry.track_mask:  # where the era keeps it: req.kv from 0.5.19, the request before
+            driver.cut.slots_of(req).mamba_last_track_seqlen += 1
         return entry
 
     monkeypatch.setattr(ScheduleBatch, "_mamba_radix_cache_v2_req_prepare_for_extend", off_by_one)

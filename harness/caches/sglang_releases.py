@@ -87,6 +87,8 @@ def mamba_radix_cache_rules(version: str) -> Rules:
 UNIFIED_RULE_CHANGES: Tuple[Tuple[str, str, object], ...] = (
     ("0.5.16", "split_refreshes_mamba", True),  # _split_node: remove_node, then insert_mru
     ("0.5.16", "req_slots_from_tail", False),
+    ("0.5.16", "finishing_frees_past_key_first", True),  # cache_finished_req frees kv[effective_cache_len:] first
+    ("0.5.17", "finishing_frees_past_key_first", False),  # cache_finished_req frees the tail after the insert (`tail_free_start`)
     ("0.5.18", "req_slots_from_tail", True),  # ReqToTokenPool.alloc takes free_slots[-n:]
     ("0.5.20", "split_refreshes_mamba", False),  # _split_node: insert_after(child, node)
     ("0.5.22", "finishing_rematches", True),  # checkpoint_into_tree matches again, finished or not

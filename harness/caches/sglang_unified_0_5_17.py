@@ -22,10 +22,6 @@ from harness.caches.sglang_unified_0_5_20 import SglangUnified0520Cache
 class SglangUnified0517Cache(SglangUnified0520Cache):
     """0.5.17's and 0.5.18's `UnifiedRadixCache` (see the module docstring)."""
 
-    # their server-args validation of the extra buffer lives elsewhere (no `arg_groups.mamba_hook`
-    # yet) and is not opened on the host: the extra buffer is driven from 0.5.19
-    mamba_strategies = ("no_buffer",)
-
     def slots_of(self, req: Any) -> Any:
         return req
 

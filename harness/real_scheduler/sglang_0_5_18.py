@@ -1,6 +1,7 @@
 """`RealScheduler` for SGLang 0.5.17 and 0.5.18: 0.5.19's, with the server settings handed to
 the model runner's n-gram embedding manager (`NgramEmbeddingManager.from_model(server_args=...)`;
-0.5.19 reads them from the runtime context). Their requests keep their slots on themselves
+0.5.19 reads them from the runtime context), their extra-buffer validation opened on the host as
+`ServerArgs` runs it. Their requests keep their slots on themselves
 (`req.req_pool_idx`, `req.mamba_pool_idx`, `req.kv` only the allocated length): the cache
 adapter of their era reads them (`harness.caches.sglang_unified_0_5_17`)."""
 
@@ -19,3 +20,25 @@ class StandInWorker(sglang_0_5_19.StandInWorker):
 
 class RealScheduler(sglang_0_5_19.RealScheduler):
     worker_class = StandInWorker
+
+    @staticmethod
+    def allow_the_extra_buffer_on_the_host() -> None:
+        """0.5.16's .. 0.5.18's extra-buffer validation is `ServerArgs._validate_mamba_extra_buffer`
+        (no `arg_groups.mamba_hook` yet), asking `is_cuda()` inline: while it validates,
+        `server_args.is_cuda` says yes, and only there."""
+        from sglang.srt import server_args
+
+        validate = server_args.ServerArgs._validate_mamba_extra_buffer
+        if getattr(validate, "__wrapped__", None) is not None:
+            return
+        is_cuda = server_args.is_cuda
+
+        def on_a_platform_taking_it(self: Any, *args: Any, **kwargs: Any) -> Any:
+            server_args.is_cuda = lambda: True
+            try:
+                return validate(self, *args, **kwargs)
+            finally:
+                server_args.is_cuda = is_cuda
+
+        on_a_platform_taking_it.__wrapped__ = validate
+        server_args.ServerArgs._validate_mamba_extra_buffer = on_a_platform_taking_it
