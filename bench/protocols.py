@@ -31,7 +31,7 @@ from harness.findings import set_aside
 from harness.program import OperationChooser
 from harness.usage import CommandParser
 from strategies import SCENARIOS
-from strategies.scenarios import MAMBA_PER_REQUEST
+from strategies.scenarios import mamba_per_request
 from strategies.config import CacheConfig, SchedulerConfig
 from strategies.draws import RandomDraws
 
@@ -71,9 +71,8 @@ def with_the_extra_buffer(programs: List[Program]) -> List[Program]:
     request's track slot too (as `strategies.scenarios.pool_config` sizes it)."""
     out = []
     for config, scheduler, operations in programs:
-        extra = replace(config, mamba_strategy="extra_buffer")
-        extra = replace(extra, mamba_size=max(config.mamba_size, config.req_size * (MAMBA_PER_REQUEST + extra.tracking_slots)))
-        out.append((extra, scheduler, operations))
+        mamba_size = max(config.mamba_size, config.req_size * mamba_per_request("extra_buffer"))
+        out.append((replace(config, mamba_strategy="extra_buffer", mamba_size=mamba_size), scheduler, operations))
     return out
 
 

@@ -121,6 +121,10 @@ class ModelReq:
     track_lens: List[Optional[int]] = field(default_factory=list)
     last_track: Optional[int] = None
 
+    def drop_tracks(self) -> None:
+        """The request holds no track slot any more (nor what it knew of their checkpoints)."""
+        self.tracks, self.track_lens, self.last_track = [], [], None
+
     def kv_len(self) -> int:
         """rule: a request's computed tokens are its input and all but its last output token."""
         return len(self.origin) + max(len(self.output) - 1, 0)
@@ -510,7 +514,8 @@ class ReferenceCache:
         in order (but the one at position `keep`, which the tree took)."""
         self.free_mamba([req.mamba_slot])
         self.free_mamba([slot for pos, slot in enumerate(req.tracks) if pos != keep])
-        req.mamba_slot, req.tracks, req.track_lens, req.last_track = None, [], [], None
+        req.mamba_slot = None
+        req.drop_tracks()
 
     def req_pool_clear(self) -> None:
         """rule: a cleared request pool has every request and Mamba slot free, in order."""

@@ -14,6 +14,13 @@ DISAGGREGATION_MODES = ("null", "prefill")
 MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
 
 
+def tracking_slots_of(strategy: str) -> int:
+    """Track slots per request beside its running state under Mamba strategy `strategy`: one
+    with the extra buffer (the normal event loop; the overlap loop's ping-pong pair is not built
+    yet), else none."""
+    return 1 if strategy == "extra_buffer" else 0
+
+
 def _positive_int(owner: str, name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
@@ -41,9 +48,8 @@ class CacheConfig:
 
     @property
     def tracking_slots(self) -> int:
-        """Track slots per request beside its running state: one with the extra buffer (the
-        normal event loop; the overlap loop's ping-pong pair is not built yet), else none."""
-        return 1 if self.mamba_strategy == "extra_buffer" else 0
+        """Track slots per request beside its running state (`tracking_slots_of`)."""
+        return tracking_slots_of(self.mamba_strategy)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Callable, Dict, Hashable, Mapping, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from strategies.config import CacheConfig, SchedulerConfig
+from strategies.config import CacheConfig, SchedulerConfig, tracking_slots_of
 
 Integer = Callable[[int, int], int]
 
@@ -70,12 +70,19 @@ def pool_config(
     if req[0] * MAMBA_PER_REQUEST > mamba[0]:
         raise ValueError(f"request pool sizes {req} must allow one no larger than a third of the Mamba pool {mamba}")
     strategy = mamba_strategies[integer(0, len(mamba_strategies) - 1)] if len(mamba_strategies) > 1 else mamba_strategies[0]
-    config = CacheConfig(kv_size=1, mamba_size=1, req_size=1, max_context_len=128, device=device, mamba_strategy=strategy)
-    per_request = MAMBA_PER_REQUEST + config.tracking_slots
+    per_request = mamba_per_request(strategy)
     least = req[0] * per_request
     kv_size, mamba_size = integer(*kv), integer(max(mamba[0], least), max(mamba[1], least))
     req_size = integer(req[0], min(req[1], mamba_size // per_request))
-    return replace(config, kv_size=kv_size, mamba_size=mamba_size, req_size=req_size)
+    return CacheConfig(
+        kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device, mamba_strategy=strategy
+    )
+
+
+def mamba_per_request(strategy: str) -> int:
+    """The Mamba slots the model runner sizes its pool with per request slot under `strategy`:
+    `MAMBA_PER_REQUEST`, and the request's track slots (0.5.23's `_calculate_mamba_ratio`)."""
+    return MAMBA_PER_REQUEST + tracking_slots_of(strategy)
 
 
 def weighted_operations(mix: Mapping[str, int], applicable: Sequence[str]) -> Tuple[str, ...]:

@@ -47,7 +47,7 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     if options.left_out:
         out.write(f"fuzz: left out {options.left_out}: {options.left_out_why}\n")
     elif options.protocol is None:
-        other = [c for c in options.configs if not set(SCENARIOS[c].disaggregation) <= set(modes)]
+        other = [c for c in options.configs if len(options.protocols_of(SCENARIOS[c], factory)) > 1]
         if other:
             out.write(f"fuzz: {other} run under the {cache_class(factory).default_protocol} protocol: {protocol.title()} runs disaggregation modes {modes} only\n")
     strategies = {c: sorted(set(options.scenario(c).mamba_strategies)) for c in options.configs}

@@ -45,7 +45,7 @@ class FuzzOptions:
     left_out_why: str = ""  # why, in a line
     mamba_strategy: Optional[str] = None  # None: each configuration's own; else every program's
 
-    def _protocols_of(self, scenario: Scenario, factory: Any) -> List[type]:
+    def protocols_of(self, scenario: Scenario, factory: Any) -> List[type]:
         """The protocols a configuration's programs may run under: the one named, else the
         cache's own and, for settings that one cannot run, the hand-written one it falls back to."""
         own = protocol_class(self.protocol or default_protocol(factory))
@@ -62,7 +62,7 @@ class FuzzOptions:
         if self.mamba_strategy is not None:
             return replace(scenario, mamba_strategies=(self.mamba_strategy,))
         factory = cache_factory(self.impl)
-        protocols = self._protocols_of(scenario, factory)
+        protocols = self.protocols_of(scenario, factory)
         taken = [s for s in MAMBA_STRATEGIES if s in cache_class(factory).mamba_strategies and all(s in p.mamba_strategies for p in protocols)]
         weighted = tuple(s for s in taken for _ in range(2 if s == "extra_buffer" else 1))
         return replace(scenario, mamba_strategies=weighted)
@@ -126,7 +126,7 @@ class FuzzOptions:
         """Take out of `configs` those some of whose programs would fall back to a protocol that
         does not take the pinned Mamba strategy; ValueError when none is left."""
         def takes(config: str) -> bool:
-            return all(self.mamba_strategy in p.mamba_strategies for p in self._protocols_of(SCENARIOS[config], factory))
+            return all(self.mamba_strategy in p.mamba_strategies for p in self.protocols_of(SCENARIOS[config], factory))
 
         runnable = [c for c in self.configs if takes(c)]
         self.left_out = [c for c in self.configs if c not in runnable]

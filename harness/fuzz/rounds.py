@@ -25,7 +25,6 @@ from harness.fuzz.options import FuzzOptions
 from harness.fuzz.progress import Progress, Stats
 from harness.profiles import register_profiles
 from harness.signature import check_of
-from strategies import SCENARIOS
 
 ROUND_EXAMPLES = 5  # small rounds: the budget is checked between rounds
 # a failure is shrunk until the budget ends, or for this long if that is sooner: shrinking under
@@ -45,6 +44,8 @@ class Round:
         self.options, self.factory, self.worker, self.claims, self.stats, self.out = options, factory, worker, claims, stats, out
         self.set_aside = options.known_findings()
         self.deadline = deadline  # when the budget ends (`time.monotonic()`)
+        # each configuration as this run draws it, settled once (`FuzzOptions.scenario`)
+        self.scenarios = {name: options.scenario(name) for name in options.configs}
 
     def shrink_until(self) -> float:
         """When shrinking a failure found now stops: at the budget's end, but never sooner than
@@ -103,7 +104,7 @@ def random_round(rnd: Round, scenario_name: str, rng: random.Random, steps: int)
     """One random program of one configuration; the bucket of a new failure."""
     options = rnd.options
     try:
-        random_program(options.scenario(scenario_name), rnd.factory, rng, steps, options.device, options.trace_dir, rnd.stats.record,
+        random_program(rnd.scenarios[scenario_name], rnd.factory, rng, steps, options.device, options.trace_dir, rnd.stats.record,
                        options.protocol, rnd.set_aside, claim=rnd.claim, shrink_until=rnd.shrink_until())
     except ProgramFailed as failed:
         return rnd.found(failed.signature, failed.check, failed.message, scenario_name, failed.path)
@@ -139,7 +140,7 @@ def run_single(options: FuzzOptions, out: TextIO, worker: int = 0, shared=None, 
     # one machine class per configuration for the whole run: Hypothesis keeps what it learns of a
     # machine class (its rules) for as long as the process lives, so a class a round would grow it
     machines = {
-        name: machine_for(options.scenario(name), factory, options.device, stats.record, trace_dir=options.trace_dir,
+        name: machine_for(rnd.scenarios[name], factory, options.device, stats.record, trace_dir=options.trace_dir,
                           protocol=options.protocol, set_aside=rnd.set_aside)
         for name in options.configs
     } if options.engine == "hypothesis" else {}

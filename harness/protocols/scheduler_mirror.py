@@ -279,7 +279,7 @@ class ModelMirror:
         mreq = self.twins.get(req.rid)
         if mreq is not None:
             mreq.prefix, mreq.last, mreq.mamba_slot = (), ROOT, None
-            mreq.tracks, mreq.track_lens, mreq.last_track = [], [], None
+            mreq.drop_tracks()
 
     # ----- the pools' calls -------------------------------------------------------------------
 
@@ -328,7 +328,7 @@ class ModelMirror:
             if mreq.mamba_slot in slots:
                 mreq.mamba_slot = None
             if set(mreq.tracks) & set(slots):
-                mreq.tracks, mreq.track_lens, mreq.last_track = [], [], None
+                mreq.drop_tracks()
 
     def _req_alloc(self, reqs: List[Any]) -> Generator[None, Any, None]:
         call = f"req_to_token_pool.alloc(reqs {[r.rid for r in reqs]})"

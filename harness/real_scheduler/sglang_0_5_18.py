@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from harness.real_scheduler import sglang_0_5_19
+from harness.real_scheduler import sglang_0_5_19, sglang_0_5_23
 
 
 class StandInWorker(sglang_0_5_19.StandInWorker):
@@ -28,17 +28,6 @@ class RealScheduler(sglang_0_5_19.RealScheduler):
         `server_args.is_cuda` says yes, and only there."""
         from sglang.srt import server_args
 
-        validate = server_args.ServerArgs._validate_mamba_extra_buffer
-        if getattr(validate, "__wrapped__", None) is not None:
-            return
-        is_cuda = server_args.is_cuda
-
-        def on_a_platform_taking_it(self: Any, *args: Any, **kwargs: Any) -> Any:
-            server_args.is_cuda = lambda: True
-            try:
-                return validate(self, *args, **kwargs)
-            finally:
-                server_args.is_cuda = is_cuda
-
-        on_a_platform_taking_it.__wrapped__ = validate
-        server_args.ServerArgs._validate_mamba_extra_buffer = on_a_platform_taking_it
+        sglang_0_5_23.answering_while_it_runs(
+            server_args.ServerArgs, "_validate_mamba_extra_buffer", server_args, "is_cuda", lambda is_cuda: lambda: True
+        )

@@ -30,20 +30,10 @@ class RealScheduler(sglang_0_5_23.RealScheduler):
         says CUDA, and only there."""
         from sglang.srt.arg_groups import mamba_hook
 
-        validate = mamba_hook.validate_mamba_extra_buffer
-        if getattr(validate, "__wrapped__", None) is not None:
-            return
-        platform = mamba_hook.get_platform
-
-        def on_a_platform_taking_it(*args: Any, **kwargs: Any) -> Any:
-            mamba_hook.get_platform = lambda: SimpleNamespace(**{**vars_of(platform()), "is_cuda": True})
-            try:
-                return validate(*args, **kwargs)
-            finally:
-                mamba_hook.get_platform = platform
-
-        on_a_platform_taking_it.__wrapped__ = validate
-        mamba_hook.validate_mamba_extra_buffer = on_a_platform_taking_it
+        sglang_0_5_23.answering_while_it_runs(
+            mamba_hook, "validate_mamba_extra_buffer", mamba_hook, "get_platform",
+            lambda platform: lambda: SimpleNamespace(**{**vars_of(platform()), "is_cuda": True}),
+        )
 
 
 def vars_of(platform: Any) -> Dict[str, Any]:
