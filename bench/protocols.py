@@ -64,15 +64,16 @@ def draw_programs(count: int, steps: int, configs: List[str], factory: Any, prot
 
 
 EXTRA_BUFFER = "scheduler, extra_buffer"
+OVERLAP = "scheduler, extra_buffer, overlap"  # what SGLang serves by default
 
 
-def with_the_extra_buffer(programs: List[Program]) -> List[Program]:
-    """The same programs on pools built with the extra buffer, the Mamba pool grown to hold each
-    request's track slot too (as `strategies.scenarios.pool_config` sizes it)."""
+def with_the_extra_buffer(programs: List[Program], event_loop: str = "normal") -> List[Program]:
+    """The same programs on pools built with the extra buffer for `event_loop`, the Mamba pool
+    grown to hold each request's track slots too (as `strategies.scenarios.pool_config` sizes it)."""
     out = []
     for config, scheduler, operations in programs:
-        mamba_size = max(config.mamba_size, config.req_size * mamba_per_request("extra_buffer"))
-        out.append((replace(config, mamba_strategy="extra_buffer", mamba_size=mamba_size), scheduler, operations))
+        mamba_size = max(config.mamba_size, config.req_size * mamba_per_request("extra_buffer", event_loop))
+        out.append((replace(config, mamba_strategy="extra_buffer", event_loop=event_loop, mamba_size=mamba_size), scheduler, operations))
     return out
 
 
@@ -102,8 +103,9 @@ def measure(programs: int, steps: int, rounds: int, configs: List[str], tree_cor
     drawn = draw_programs(programs, steps, configs, factory, hand_written, seed, aside, device)
     # label -> (the protocol, the programs it runs)
     runs = {hand_written: (hand_written, drawn), "scheduler": ("scheduler", drawn)}
-    if "extra_buffer" in cache_class(factory).mamba_strategies:
+    if "extra_buffer" in cache_class(factory).settings_taken["mamba_strategy"]:
         runs[EXTRA_BUFFER] = ("scheduler", with_the_extra_buffer(drawn))
+        runs[OVERLAP] = ("scheduler", with_the_extra_buffer(drawn, "overlap"))
     protocols = tuple(runs)
     run_programs(drawn[:1], factory, "scheduler", aside)  # the import and first build, not timed
     results: Dict[str, List[Tuple[int, float]]] = {p: [] for p in protocols}

@@ -37,7 +37,7 @@ from harness.protocols import PROTOCOLS, protocol_class
 from harness.trace import Trace, TraceError, Verdict, load_trace, replay, replay_protocol
 from harness.usage import CommandParser
 from strategies import SCENARIOS
-from strategies.config import MAMBA_STRATEGIES
+from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, SERVER_SETTINGS, setting_flags
 
 
 class UsageError(Exception):
@@ -119,8 +119,12 @@ def recorded_cache(trace: Trace, source: str) -> str:
 
 def run_replay(args, out: TextIO) -> int:
     trace = load_trace(args.file)
-    if args.mamba_strategy is not None:
-        trace = replace(trace, config=replace(trace.config, mamba_strategy=args.mamba_strategy))
+    pinned = {name: getattr(args, name) for name in SERVER_SETTINGS if getattr(args, name) is not None}
+    if pinned:
+        try:
+            trace = replace(trace, config=replace(trace.config, **pinned))
+        except ValueError as exc:
+            raise UsageError(f"{args.file} with {setting_flags(pinned)}: {exc}") from None
     try:
         where = ""
         if args.impl is None and args.tree_core is None:
@@ -198,6 +202,7 @@ def run_fuzz(args, out: TextIO) -> int:
         fail_on_known=args.fail_on_known,
         set_aside=args.set_aside,
         mamba_strategy=args.mamba_strategy,
+        event_loop=args.event_loop,
     )
     if args.device:
         options.device = args.device
@@ -308,7 +313,10 @@ def build_parser() -> CommandParser:
                     help="known findings of the release fail the run too (else only new failure signatures do)")
     fz.add_argument("--mamba-strategy", default=None, choices=MAMBA_STRATEGIES,
                     help="every program's Mamba strategy (default: drawn among those the cache and protocol take, "
-                         "extra_buffer twice as often: SGLang's UnifiedRadixCache under its own scheduler, 0.5.16 on)")
+                         "weighted toward what SGLang serves: extra_buffer, for its UnifiedRadixCache under its own scheduler, 0.5.16 on)")
+    fz.add_argument("--event-loop", default=None, choices=EVENT_LOOPS,
+                    help="every program's event loop (default: drawn like the strategy, overlap most often where the "
+                         "extra buffer is drawn; no_buffer runs the normal loop only)")
     fz.add_argument("--trace-dir", default=None, help="where failure traces go (default tests/regressions/pending)")
     fz.add_argument("--set-aside", action="append", default=[], metavar="FINDING|TRACE.json|SIGNATURE",
                     help="set aside a known finding of the release under test ('all': every one; docs/findings.md), the "
@@ -321,6 +329,7 @@ def build_parser() -> CommandParser:
     rp.add_argument("--protocol", default=None, help="scheduler protocol (default: the trace's on the cache that recorded it, else the cache's own)")
     rp.add_argument("--device", default=None, help="torch device (default: the trace's)")
     rp.add_argument("--mamba-strategy", default=None, choices=MAMBA_STRATEGIES, help="the Mamba strategy (default: the trace's)")
+    rp.add_argument("--event-loop", default=None, choices=EVENT_LOOPS, help="the event loop (default: the trace's)")
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
     emit = rp.add_mutually_exclusive_group()
     emit.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function (our regression tests)")

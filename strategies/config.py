@@ -5,20 +5,87 @@ settings (`SchedulerConfig`). Both are plain frozen data: strategies draw them, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 POLICIES = ("fcfs", "lpm")
 DISAGGREGATION_MODES = ("null", "prefill")
 # `--mamba-radix-cache-strategy`: the request's running state alone, or with track slots the
 # forward pass checkpoints into (the extra buffer; the lazy variant is not drawn yet)
 MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
+# the scheduler's event loop: `event_loop_normal` (`--disable-overlap-schedule`) or
+# `event_loop_overlap`, which launches a batch before it processes the one before's results
+EVENT_LOOPS = ("normal", "overlap")
 
 
-def tracking_slots_of(strategy: str) -> int:
-    """Track slots per request beside its running state under Mamba strategy `strategy`: one
-    with the extra buffer (the normal event loop; the overlap loop's ping-pong pair is not built
-    yet), else none."""
-    return 1 if strategy == "extra_buffer" else 0
+def tracking_slots_of(strategy: str, event_loop: str = "normal") -> int:
+    """Track slots per request beside its running state (0.5.23's
+    `allocation_sizing.get_mamba_tracking_slots`): with the extra buffer one under the normal
+    event loop, a ping-pong pair under the overlap loop (whose forward pass writes one while the
+    tree may still take the other); none without it."""
+    if strategy != "extra_buffer":
+        return 0
+    return 2 if event_loop == "overlap" else 1
+
+
+# the server settings that shape the pools and the scheduler's Mamba bookkeeping, each a
+# `CacheConfig` field: what a line calls them, and the values SGLang has
+SERVER_SETTINGS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
+    "mamba_strategy": ("Mamba strategies", MAMBA_STRATEGIES),
+    "event_loop": ("event loops", EVENT_LOOPS),
+}
+# one combination of them: (field, value) pairs in `SERVER_SETTINGS`' order
+Serving = Tuple[Tuple[str, str], ...]
+
+
+def serving(mamba_strategy: str = "no_buffer", event_loop: str = "normal") -> Serving:
+    """The combination of server settings named."""
+    return (("mamba_strategy", mamba_strategy), ("event_loop", event_loop))
+
+
+# the combinations SGLang's server-args validation lets through (0.5.16 .. 0.5.23
+# `mamba_hook.validate_mamba_no_buffer`: no_buffer forces the normal loop), with the weights a
+# fuzz draws them with: what SGLang serves by default (the extra buffer under the overlap loop)
+# most often
+SERVINGS: Tuple[Tuple[Serving, int], ...] = (
+    (serving("extra_buffer", "overlap"), 2),
+    (serving("extra_buffer", "normal"), 1),
+    (serving("no_buffer", "normal"), 1),
+)
+NO_BUFFER = serving()
+
+
+def setting_refusal(taken: Mapping[str, Tuple[str, ...]], settings: Mapping[str, str]) -> str:
+    """Why `settings` (field -> value) fall outside `taken` (field -> the values taken; a field
+    not named takes every value), as "<what> [...] only, not '<value>'"; "" when they do not."""
+    for name, value in settings.items():
+        values = taken.get(name, SERVER_SETTINGS[name][1])
+        if value not in values:
+            return f"{SERVER_SETTINGS[name][0]} {list(values)} only, not {value!r}"
+    return ""
+
+
+def servings_taken(takers: Sequence[Mapping[str, Tuple[str, ...]]], pinned: Mapping[str, str] = {}) -> Tuple[Serving, ...]:
+    """The legal combinations (`SERVINGS`) every taker takes and that agree with `pinned`, each
+    repeated by its weight (a uniform pick draws with the weights); empty when none is."""
+    def taken(combination: Serving) -> bool:
+        settings = dict(combination)
+        return all(settings[k] == v for k, v in pinned.items()) and not any(setting_refusal(t, settings) for t in takers)
+
+    return tuple(c for c, weight in SERVINGS if taken(c) for _ in range(weight))
+
+
+def setting_flags(settings: Mapping[str, str]) -> str:
+    """Server settings (field -> value) as the command line pins them."""
+    return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in settings.items())
+
+
+def legal_refusal(settings: Mapping[str, str]) -> str:
+    """Why SGLang refuses the combination `settings` (some fields), "" when some legal
+    combination agrees with them."""
+    if any(all(dict(c)[k] == v for k, v in settings.items()) for c, _ in SERVINGS):
+        return ""
+    named = ", ".join(f"{k} {v!r}" for k, v in settings.items())
+    return f"SGLang serves no {named} together (no_buffer forces the normal event loop)"
 
 
 def _positive_int(owner: str, name: str, value) -> None:
@@ -28,7 +95,8 @@ def _positive_int(owner: str, name: str, value) -> None:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Pool sizes, device, page size (always 1) and Mamba strategy for a cache under test."""
+    """Pool sizes, device, page size (always 1), Mamba strategy and the event loop the pools
+    are built for (SGLang's request pool takes `enable_overlap_schedule`) for a cache under test."""
 
     kv_size: int
     mamba_size: int
@@ -37,6 +105,7 @@ class CacheConfig:
     device: str = "cpu"
     page_size: int = 1
     mamba_strategy: str = "no_buffer"
+    event_loop: str = "normal"
 
     def __post_init__(self):
         if self.page_size != 1:
@@ -45,11 +114,21 @@ class CacheConfig:
             _positive_int("CacheConfig", name, getattr(self, name))
         if self.mamba_strategy not in MAMBA_STRATEGIES:
             raise ValueError(f"CacheConfig.mamba_strategy must be one of {MAMBA_STRATEGIES}, got {self.mamba_strategy!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"CacheConfig.event_loop must be one of {EVENT_LOOPS}, got {self.event_loop!r}")
+        illegal = legal_refusal(self.server_settings)
+        if illegal:
+            raise ValueError(f"CacheConfig: {illegal}")
+
+    @property
+    def server_settings(self) -> Dict[str, str]:
+        """Its `SERVER_SETTINGS`: field -> value."""
+        return {name: getattr(self, name) for name in SERVER_SETTINGS}
 
     @property
     def tracking_slots(self) -> int:
         """Track slots per request beside its running state (`tracking_slots_of`)."""
-        return tracking_slots_of(self.mamba_strategy)
+        return tracking_slots_of(self.mamba_strategy, self.event_loop)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Callable, Dict, Hashable, Mapping, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from strategies.config import CacheConfig, SchedulerConfig, tracking_slots_of
+from strategies.config import NO_BUFFER, CacheConfig, SchedulerConfig, Serving, tracking_slots_of
 
 Integer = Callable[[int, int], int]
 
@@ -61,28 +61,30 @@ DEFAULT_MIX: Mapping[str, int] = {
 
 def pool_config(
     integer: Integer, kv: Tuple[int, int], mamba: Tuple[int, int], req: Tuple[int, int], device: str = "cpu",
-    mamba_strategies: Tuple[str, ...] = ("no_buffer",),
+    servings: Tuple[Serving, ...] = (NO_BUFFER,),
 ) -> CacheConfig:
     """A cache configuration with sizes from the given inclusive ranges (`integer(lo, hi)` picks)
-    and one of `mamba_strategies`, the Mamba pool holding `MAMBA_PER_REQUEST` slots per request
-    slot at least, and the track slots of each with the extra buffer (the model runner's
-    `_calculate_mamba_ratio`; the Mamba range's ends are raised to that where they fall short)."""
+    and one of `servings` (its server settings), the Mamba pool holding `MAMBA_PER_REQUEST`
+    slots per request slot at least, and the track slots of each with the extra buffer (the
+    model runner's `_calculate_mamba_ratio`; the Mamba range's ends are raised to that where
+    they fall short)."""
     if req[0] * MAMBA_PER_REQUEST > mamba[0]:
         raise ValueError(f"request pool sizes {req} must allow one no larger than a third of the Mamba pool {mamba}")
-    strategy = mamba_strategies[integer(0, len(mamba_strategies) - 1)] if len(mamba_strategies) > 1 else mamba_strategies[0]
-    per_request = mamba_per_request(strategy)
+    settings = dict(servings[integer(0, len(servings) - 1)] if len(servings) > 1 else servings[0])
+    per_request = mamba_per_request(**settings)
     least = req[0] * per_request
     kv_size, mamba_size = integer(*kv), integer(max(mamba[0], least), max(mamba[1], least))
     req_size = integer(req[0], min(req[1], mamba_size // per_request))
     return CacheConfig(
-        kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device, mamba_strategy=strategy
+        kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device, **settings
     )
 
 
-def mamba_per_request(strategy: str) -> int:
-    """The Mamba slots the model runner sizes its pool with per request slot under `strategy`:
-    `MAMBA_PER_REQUEST`, and the request's track slots (0.5.23's `_calculate_mamba_ratio`)."""
-    return MAMBA_PER_REQUEST + tracking_slots_of(strategy)
+def mamba_per_request(mamba_strategy: str, event_loop: str = "normal") -> int:
+    """The Mamba slots the model runner sizes its pool with per request slot under these server
+    settings: `MAMBA_PER_REQUEST`, and the request's track slots (0.5.23's
+    `_calculate_mamba_ratio`)."""
+    return MAMBA_PER_REQUEST + tracking_slots_of(mamba_strategy, event_loop)
 
 
 def weighted_operations(mix: Mapping[str, int], applicable: Sequence[str]) -> Tuple[str, ...]:
@@ -117,7 +119,8 @@ class Scenario:
     conservativeness: Tuple[float, ...] = (1.0, 0.3, 1.5)  # 0.3: decode memory reserved thinly
     eos_odds: int = 4  # the forward pass samples the eos token about once in eos_odds * vocab tokens
     min_running: int = 1  # the fewest max_running_requests drawn (at most the request pool's size)
-    mamba_strategies: Tuple[str, ...] = ("no_buffer",)  # `--mamba-strategy` pins one
+    # the server settings drawn (weighted: repeated), `--mamba-strategy` and `--event-loop` pin them
+    servings: Tuple[Serving, ...] = (NO_BUFFER,)
     track_intervals: Tuple[int, ...] = (4, 8)  # with the extra buffer: decode checkpoints every this many tokens
     mix: Dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MIX))
 
@@ -127,7 +130,7 @@ class Scenario:
         return self.vocab
 
     def config(self, integer: Integer, device: str = "cpu") -> CacheConfig:
-        return pool_config(integer, self.kv, self.mamba, self.req, device, self.mamba_strategies)
+        return pool_config(integer, self.kv, self.mamba, self.req, device, self.servings)
 
     def scheduler(self, integer: Integer, config: CacheConfig) -> SchedulerConfig:
         """Server settings for one program: chunked prefill on or off, the prefill budget, how

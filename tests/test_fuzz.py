@@ -255,6 +255,11 @@ def test_the_extra_buffer_is_drawn_only_where_the_cache_and_every_protocol_take_
     program's."""
     from harness.fuzz.options import FuzzOptions
 
-    assert FuzzOptions(impl="impl").scenario("medium").mamba_strategies == ("no_buffer",)
+    from strategies.config import NO_BUFFER, serving
+
+    assert FuzzOptions(impl="impl").scenario("medium").servings == (NO_BUFFER,)
     pinned = FuzzOptions(impl="impl", mamba_strategy="extra_buffer").scenario("chunked")
-    assert pinned.mamba_strategies == ("extra_buffer",) and pinned.name == "chunked"
+    assert set(pinned.servings) == {serving("extra_buffer", "overlap"), serving("extra_buffer", "normal")}
+    assert pinned.name == "chunked"
+    both = FuzzOptions(impl="impl", mamba_strategy="extra_buffer", event_loop="normal").scenario("chunked")
+    assert both.servings == (serving("extra_buffer", "normal"),)

@@ -6,6 +6,7 @@ length. What every slot becomes is asserted call by call, as the contract states
 import pytest
 
 from reference import ROOT, SGLANG_UNIFIED, ModelReq, ReferenceCache
+from strategies.config import serving
 
 
 def model(tracking_slots: int = 1) -> ReferenceCache:
@@ -114,6 +115,9 @@ def test_the_configuration_names_its_strategy_and_its_track_slots():
 
     assert CacheConfig(kv_size=8, mamba_size=4, req_size=1).tracking_slots == 0
     assert CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="extra_buffer").tracking_slots == 1
+    assert CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="extra_buffer", event_loop="overlap").tracking_slots == 2
+    with pytest.raises(ValueError, match="SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap' together"):
+        CacheConfig(kv_size=8, mamba_size=4, req_size=1, event_loop="overlap")
     with pytest.raises(ValueError, match="mamba_strategy must be one of .*, got 'lazy'"):
         CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="lazy")
     with pytest.raises(ValueError, match="mamba_track_interval must be a positive int, got 0"):
@@ -130,8 +134,10 @@ def test_extra_buffer_pools_hold_the_track_slots_of_every_request():
     rng = random.Random(7)
     for scenario in SCENARIOS.values():
         for _ in range(20):
-            config = replace(scenario, mamba_strategies=("extra_buffer",)).config(rng.randint)
+            config = replace(scenario, servings=(serving("extra_buffer", "normal"),)).config(rng.randint)
             assert config.mamba_strategy == "extra_buffer" and config.mamba_size >= 4 * config.req_size
+            config = replace(scenario, servings=(serving("extra_buffer", "overlap"),)).config(rng.randint)
+            assert config.tracking_slots == 2 and config.mamba_size >= 5 * config.req_size
 
 
 def test_a_release_may_free_the_kv_past_the_key_before_the_insert():

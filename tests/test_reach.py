@@ -21,6 +21,7 @@ from harness.caches import ImplCache
 from harness.engines.hypothesis_engine import EXTRA_BUFFER_LABELS, RELEASE_0_5_4_LABELS, REACH_LABELS, machine_for
 from harness.engines.random_engine import ProgramFailed, random_program
 from strategies import SCENARIOS
+from strategies.config import serving
 
 # derandomized: the same programs on every run, here as in CI
 BUDGET = settings(settings(), max_examples=60, stateful_step_count=50, database=None, derandomize=True)
@@ -75,13 +76,13 @@ def test_the_extra_buffer_s_paths_occur_under_the_release_s_own_scheduler(tmp_pa
     if reason:
         pytest.skip(reason)
     factory = cache_factory("sglang-python")
-    if "extra_buffer" not in cache_class(factory).mamba_strategies:
+    if "extra_buffer" not in cache_class(factory).settings_taken["mamba_strategy"]:
         pytest.skip(f"SGLang {cache_release(factory)}'s unified cache is not driven with the extra buffer")
     seen = Counter()
     rng = random.Random(32)
     aside = set_aside(["all"], cache_release(factory))
     for name in ("chunked", "decode_pressure", "medium"):
-        scenario = replace(SCENARIOS[name], mamba_strategies=("extra_buffer",))
+        scenario = replace(SCENARIOS[name], servings=(serving("extra_buffer", "normal"), serving("extra_buffer", "overlap")))
         for _ in range(PROGRAMS // 3):
             random_program(scenario, factory, rng, BUDGET.stateful_step_count, "cpu", str(tmp_path),
                            lambda label: seen.update([label]), protocol="scheduler", set_aside=aside, shrink=False)

@@ -281,7 +281,7 @@ def extra_buffer_driver(factory, chunk=6):
     from harness.driver import Driver
     from harness.findings import set_aside
 
-    if "extra_buffer" not in cache_class(factory).mamba_strategies:
+    if "extra_buffer" not in cache_class(factory).settings_taken["mamba_strategy"]:
         pytest.skip(f"SGLang {sglang_version()}'s unified cache is not driven with the extra buffer yet")
     config = CacheConfig(kv_size=96, mamba_size=12, req_size=3, mamba_strategy="extra_buffer")
     scheduler = SchedulerConfig(chunked_prefill_size=chunk, eos_token_id=99, mamba_track_interval=4)
@@ -341,13 +341,16 @@ def test_a_fuzz_of_the_release_draws_the_extra_buffer_by_default(factory):
     from harness.caches import cache_class
     from harness.fuzz.options import FuzzOptions
 
-    if "extra_buffer" not in cache_class(factory).mamba_strategies:
+    from strategies.config import NO_BUFFER, serving
+
+    if "extra_buffer" not in cache_class(factory).settings_taken["mamba_strategy"]:
         pytest.skip(f"SGLang {sglang_version()}'s unified cache is not driven with the extra buffer yet")
     options = FuzzOptions(impl="sglang-python")
-    assert sorted(options.scenario("medium").mamba_strategies) == ["extra_buffer", "extra_buffer", "no_buffer"]
-    assert options.scenario("disagg_prefill").mamba_strategies == ("no_buffer",)
+    overlap, normal = serving("extra_buffer", "overlap"), serving("extra_buffer", "normal")
+    assert sorted(options.scenario("medium").servings) == sorted([overlap, overlap, normal, NO_BUFFER])
+    assert options.scenario("disagg_prefill").servings == (NO_BUFFER,)
     # pinned, a configuration whose programs would fall back to the hand-written calls is left out
     pinned = FuzzOptions(impl="sglang-python", mamba_strategy="extra_buffer", configs=["medium", "disagg_prefill"], device="cpu")
     pinned.check()
     assert (pinned.configs, pinned.left_out) == (["medium"], ["disagg_prefill"])
-    assert "runs no extra_buffer" in pinned.left_out_why
+    assert "runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'" in pinned.left_out_why

@@ -55,8 +55,9 @@ class CacheUnderTest:
     # whether the tree's nodes are Python objects with parent links that the memory check can
     # follow (`node_object` gives the object for what the cache hands out)
     node_objects: bool = True
-    # the Mamba strategies the cache can be built with (`CacheConfig.mamba_strategy`)
-    mamba_strategies: Tuple[str, ...] = ("no_buffer",)
+    # the server settings it can be built with: per `SERVER_SETTINGS` field, the values it
+    # takes (a field not named: every value)
+    settings_taken: Dict[str, Tuple[str, ...]] = {"mamba_strategy": ("no_buffer",)}
 
     config: CacheConfig
     device: torch.device

@@ -74,7 +74,7 @@ class Sglang054Cache(CacheUnderTest):
 
     def _req_pool_args(self, config: CacheConfig) -> Dict[str, Any]:
         """`HybridReqToTokenPool`'s arguments, as the model runner passes them for one Mamba
-        layer with the configuration's Mamba strategy, no overlap schedule and no speculative decoding; the later
+        layer with the configuration's Mamba strategy and event loop, no speculative decoding; the later
         ones only where the release's pool takes them (0.5.7 on, 0.5.10 on, 0.5.13 on)."""
         args = dict(
             size=config.req_size,
@@ -89,7 +89,7 @@ class Sglang054Cache(CacheUnderTest):
             mamba_spec_state_size=config.mamba_size,
             enable_mamba_extra_buffer=config.mamba_strategy == "extra_buffer",
             mamba_layer_ids=[0],
-            enable_overlap_schedule=False,
+            enable_overlap_schedule=config.event_loop == "overlap",
         )
         accepted = inspect.signature(self.sgl.HybridReqToTokenPool.__init__).parameters
         args.update((name, value) for name, value in later.items() if name in accepted)

@@ -71,7 +71,7 @@ class SglangUnifiedCache(Sglang0520Cache):
     protocols = ("unified", "unified-0.5.20", "scheduler")
     rules = SGLANG_UNIFIED
     tree_core = "python"
-    mamba_strategies = ("no_buffer", "extra_buffer")
+    settings_taken = {"mamba_strategy": ("no_buffer", "extra_buffer")}
     # the tree's own self-check, called as the release's scheduler calls it
     sanity_check = CacheUnderTest.sanity_check
 

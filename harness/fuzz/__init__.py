@@ -18,7 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import threading
-from typing import Any, Dict, TextIO
+from typing import Any, Dict, List, TextIO
 
 import impl
 from harness.caches import cache_class, cache_factory, cache_release, default_protocol
@@ -31,6 +31,7 @@ from harness.fuzz.stop import StopRequest, stop_on_signals
 from harness.fuzz.workers import run_workers
 from harness.protocols import protocol_class
 from strategies import SCENARIOS
+from strategies.config import NO_BUFFER
 
 
 def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
@@ -50,12 +51,13 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
         other = [c for c in options.configs if len(options.protocols_of(SCENARIOS[c], factory)) > 1]
         if other:
             out.write(f"fuzz: {other} run under the {cache_class(factory).default_protocol} protocol: {protocol.title()} runs disaggregation modes {modes} only\n")
-    strategies = {c: sorted(set(options.scenario(c).mamba_strategies)) for c in options.configs}
-    if any(drawn != ["no_buffer"] for drawn in strategies.values()):
-        by = {}
-        for c, drawn in strategies.items():
-            by.setdefault(", ".join(drawn), []).append(c)
-        out.write("fuzz: Mamba strategies " + "; ".join(f"{drawn} in {configs}" for drawn, configs in by.items()) + "\n")
+    drawn = {c: options.scenario(c).servings for c in options.configs}
+    if any(set(servings) != {NO_BUFFER} for servings in drawn.values()):
+        by: Dict[str, List[str]] = {}
+        for c, servings in drawn.items():
+            names = [f"{dict(s)['mamba_strategy']}/{dict(s)['event_loop']}" for s in dict.fromkeys(servings)]
+            by.setdefault(", ".join(names), []).append(c)
+        out.write("fuzz: server settings (Mamba strategy/event loop) " + "; ".join(f"{names} in {configs}" for names, configs in by.items()) + "\n")
     if options.impl.startswith("sglang"):
         from harness.caches.sglang_loader import development_note
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from harness.caches import cache_class, cache_factory, cache_release, default_protocol
 from harness.devices import best_device, check_device
@@ -17,7 +17,7 @@ from harness.profiles import PROFILES
 from harness.trace import TraceError, set_aside_names
 from harness.protocols import protocol_class
 from strategies import SCENARIOS, Scenario
-from strategies.config import MAMBA_STRATEGIES, CacheConfig
+from strategies.config import SERVER_SETTINGS, CacheConfig, legal_refusal, servings_taken, setting_flags, setting_refusal
 
 ENGINES = ("hypothesis", "random")
 
@@ -43,7 +43,19 @@ class FuzzOptions:
     # configurations `check` took out of `configs`: their settings are none the named protocol runs
     left_out: List[str] = field(default_factory=list)
     left_out_why: str = ""  # why, in a line
-    mamba_strategy: Optional[str] = None  # None: each configuration's own; else every program's
+    # server settings pinned (None: drawn per program among those the cache and protocols take)
+    mamba_strategy: Optional[str] = None
+    event_loop: Optional[str] = None
+
+    @property
+    def pinned(self) -> Dict[str, str]:
+        """The server settings pinned: `SERVER_SETTINGS` field -> value."""
+        return {name: getattr(self, name) for name in SERVER_SETTINGS if getattr(self, name) is not None}
+
+    @property
+    def pinned_flags(self) -> str:
+        """The pinned settings as the command line names them."""
+        return setting_flags(self.pinned)
 
     def protocols_of(self, scenario: Scenario, factory: Any) -> List[type]:
         """The protocols a configuration's programs may run under: the one named, else the
@@ -54,18 +66,17 @@ class FuzzOptions:
         return [own]
 
     def scenario(self, name: str) -> Scenario:
-        """Configuration `name` as this run draws it: its Mamba strategy pinned, if asked, else
-        drawn among those every protocol its programs may run under takes (the cache's own, and
-        the hand-written one it falls back to for settings the own cannot run), the extra buffer
-        twice as often as none (what SGLang serves by default, its overlap loop on)."""
+        """Configuration `name` as this run draws it: its server settings drawn per program
+        among SGLang's legal combinations (`SERVINGS`, weighted toward what SGLang serves by
+        default) that agree with the pinned ones and that the cache and every protocol its
+        programs may run under take (the cache's own, and the hand-written one it falls back to
+        for settings the own cannot run). A pinned combination no taker takes is drawn as
+        pinned: `check` refuses it."""
         scenario = SCENARIOS[name]
-        if self.mamba_strategy is not None:
-            return replace(scenario, mamba_strategies=(self.mamba_strategy,))
         factory = cache_factory(self.impl)
-        protocols = self.protocols_of(scenario, factory)
-        taken = [s for s in MAMBA_STRATEGIES if s in cache_class(factory).mamba_strategies and all(s in p.mamba_strategies for p in protocols)]
-        weighted = tuple(s for s in taken for _ in range(2 if s == "extra_buffer" else 1))
-        return replace(scenario, mamba_strategies=weighted)
+        takers = [cache_class(factory).settings_taken] + [p.settings_taken for p in self.protocols_of(scenario, factory)]
+        servings = servings_taken(takers, self.pinned) or servings_taken([], self.pinned)
+        return replace(scenario, servings=servings)
 
     def known_findings(self) -> SetAside:
         """What this run sets aside from the start (names checked against the release under test,
@@ -94,16 +105,20 @@ class FuzzOptions:
             raise ValueError(f"--set-aside: {exc}") from None
         protocol = protocol_class(self.protocol or default_protocol(factory))
         probe = None
-        if self.mamba_strategy is not None:
-            if self.mamba_strategy not in MAMBA_STRATEGIES:
-                raise ValueError(f"--mamba-strategy must be one of {list(MAMBA_STRATEGIES)}, got {self.mamba_strategy!r}")
-            probe = CacheConfig(kv_size=1, mamba_size=1, req_size=1, mamba_strategy=self.mamba_strategy)
+        if self.pinned:
+            for name, value in self.pinned.items():
+                if value not in SERVER_SETTINGS[name][1]:
+                    raise ValueError(f"{setting_flags({name: value}).split()[0]} must be one of {list(SERVER_SETTINGS[name][1])}, got {value!r}")
+            illegal = legal_refusal(self.pinned)
+            if illegal:
+                raise ValueError(f"{self.pinned_flags}: {illegal}")
+            probe = CacheConfig(kv_size=1, mamba_size=1, req_size=1, **self.pinned)
         refusal = protocol.refusal(factory, None, probe)
         if refusal:
             raise ValueError(refusal)
         if self.protocol is not None:  # else a program it cannot run takes the hand-written calls
             self._leave_out_unrunnable(protocol)
-        elif self.mamba_strategy is not None:  # ... which must take the pinned strategy too
+        elif self.pinned:  # ... which must take the pinned settings too
             self._leave_out_unpinnable(factory)
         check_device(self.device)
         if self.engine == "hypothesis":
@@ -124,14 +139,15 @@ class FuzzOptions:
 
     def _leave_out_unpinnable(self, factory: Any) -> None:
         """Take out of `configs` those some of whose programs would fall back to a protocol that
-        does not take the pinned Mamba strategy; ValueError when none is left."""
+        does not take the pinned server settings; ValueError when none is left."""
         def takes(config: str) -> bool:
-            return all(self.mamba_strategy in p.mamba_strategies for p in self.protocols_of(SCENARIOS[config], factory))
+            return all(not setting_refusal(p.settings_taken, self.pinned) for p in self.protocols_of(SCENARIOS[config], factory))
 
         runnable = [c for c in self.configs if takes(c)]
         self.left_out = [c for c in self.configs if c not in runnable]
+        fallback = protocol_class(cache_class(factory).default_protocol)
         self.left_out_why = (f"their settings fall back to the {cache_class(factory).default_protocol} protocol, "
-                             f"which runs no {self.mamba_strategy}")
+                             f"which runs {setting_refusal(fallback.settings_taken, self.pinned)}")
         if not runnable:
-            raise ValueError(f"--config: none of {self.configs} runs with --mamba-strategy {self.mamba_strategy} ({self.left_out_why})")
+            raise ValueError(f"--config: none of {self.configs} runs with {self.pinned_flags} ({self.left_out_why})")
         self.configs = runnable

@@ -19,7 +19,7 @@ from harness.checks.memory import RequestHoldings
 from harness.checks.violation import Tolerate, never
 from harness.operations import OperationError
 from harness.pairing import PairedCaches, Request
-from strategies.config import DISAGGREGATION_MODES, CacheConfig, SchedulerConfig
+from strategies.config import DISAGGREGATION_MODES, CacheConfig, SchedulerConfig, setting_refusal
 
 
 class SchedulerProtocol:
@@ -31,8 +31,9 @@ class SchedulerProtocol:
     # the server's disaggregation modes it runs (`SchedulerConfig.disaggregation_mode`)
     disaggregation_modes: Tuple[str, ...] = DISAGGREGATION_MODES
 
-    # the Mamba strategies whose scheduler bookkeeping it drives (`CacheConfig.mamba_strategy`)
-    mamba_strategies: Tuple[str, ...] = ("no_buffer",)
+    # the server settings whose scheduler bookkeeping it drives: per `SERVER_SETTINGS` field,
+    # the values it takes (a field not named: every value)
+    settings_taken: Dict[str, Tuple[str, ...]] = {"mamba_strategy": ("no_buffer",), "event_loop": ("normal",)}
 
     @classmethod
     def refusal(
@@ -46,11 +47,13 @@ class SchedulerProtocol:
         if scheduler is not None and scheduler.disaggregation_mode not in cls.disaggregation_modes:
             return f"{cls.title()} runs disaggregation modes {list(cls.disaggregation_modes)} only, not {scheduler.disaggregation_mode!r}"
         if config is not None:
-            strategy = config.mamba_strategy
-            if strategy not in cls.mamba_strategies:
-                return f"{cls.title()} runs Mamba strategies {list(cls.mamba_strategies)} only, not {strategy!r}"
-            if strategy not in cache_class(cache_factory).mamba_strategies:
-                return f"{cache_name(cache_factory)} is built with Mamba strategies {list(cache_class(cache_factory).mamba_strategies)} only, not {strategy!r}"
+            settings = config.server_settings
+            refused = setting_refusal(cls.settings_taken, settings)
+            if refused:
+                return f"{cls.title()} runs {refused}"
+            refused = setting_refusal(cache_class(cache_factory).settings_taken, settings)
+            if refused:
+                return f"{cache_name(cache_factory)} is built with {refused}"
         return ""
 
     @classmethod

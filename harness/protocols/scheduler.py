@@ -36,7 +36,7 @@ from harness.operations import OperationError
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.scheduler_mirror import mirror_class
 from harness.real_scheduler import real_scheduler_class
-from strategies.config import MAMBA_STRATEGIES, CacheConfig, SchedulerConfig
+from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, CacheConfig, SchedulerConfig
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
 RESET_TURNS = 8
@@ -136,7 +136,7 @@ class RealSchedulerProtocol(SchedulerProtocol):
     name = "scheduler"
     operations = ("arrive", "iterate", "abort", "flush")
     disaggregation_modes = ("null",)  # the disaggregation bootstrap and transfer queues are not built
-    mamba_strategies = MAMBA_STRATEGIES
+    settings_taken = {"mamba_strategy": MAMBA_STRATEGIES, "event_loop": EVENT_LOOPS}
 
     @classmethod
     def title(cls) -> str:

@@ -199,9 +199,14 @@ class StandInWorker:
         if extend:
             self._deferred_mamba_cow_and_clear(batch)
         computed = []
-        for req in batch.reqs:
-            tokens = tuple(req.origin_input_ids) + tuple(req.output_ids)
-            start, end = self.extend_range(req) if extend else (len(tokens) - 1, len(tokens))
+        decoded = None if extend else self._decoded(batch)
+        for i, req in enumerate(batch.reqs):
+            if extend:
+                tokens = tuple(req.origin_input_ids) + tuple(req.output_ids)
+                start, end = self.extend_range(req)
+            else:
+                tokens = decoded[i]
+                start, end = len(tokens) - 1, len(tokens)
             computed.append((req, tokens, start, end, cut.mamba_slot_of(req)))
         if any(start > 0 for _, _, start, _, _ in computed):
             states = cut.state_digests()
@@ -223,6 +228,20 @@ class StandInWorker:
             self.owner.computed[req.rid] = Computed(cut.req_slot_of(req), slot, max(end, start))
         next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
         return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
+
+    @staticmethod
+    def _decoded(batch: Any) -> List[Tuple[int, ...]]:
+        """Per row of a decode batch, the tokens its sequence holds once the step's input is
+        in: those the request records, up to the batch's seqlen less one, and the input token
+        the batch carries (resolved from the future map: under the overlap loop the token the
+        previous batch sampled is not yet in the request's output)."""
+        out = []
+        for req, seq_len, token in zip(batch.reqs, batch.seq_lens.tolist(), batch.input_ids.tolist()):
+            known = tuple(req.origin_input_ids) + tuple(req.output_ids)
+            if len(known) < seq_len - 1:
+                raise RuntimeError(f"decode of request {req.rid} at seqlen {seq_len}: it records only {len(known)} tokens")
+            out.append(known[: seq_len - 1] + (int(token),))
+        return out
 
     def _checkpoints(self, batch: Any, computed: List[tuple], extend: bool) -> Dict[int, Tuple[int, int]]:
         """With the extra buffer, what the linear-attention backend checkpoints (0.5.23's
@@ -400,6 +419,18 @@ class RealScheduler:
         owner, inbox = self, self.inbox
 
         class HarnessScheduler(scheduler_module.Scheduler):
+            # `event_loop_overlap` starts with a new result queue: each turn re-enters the
+            # loop, so the queue the previous turn left (the batch launched, its results not
+            # yet processed) is kept, and the loop's fresh one dropped
+            @property
+            def result_queue(self) -> Any:
+                return self._harness_result_queue
+
+            @result_queue.setter
+            def result_queue(self, queue: Any) -> None:
+                if not hasattr(self, "_harness_result_queue"):
+                    self._harness_result_queue = queue
+
             def init_ipc_channels(self, port_args: Any) -> None:
                 empty = Inbox(io_struct, zmq)
                 self.ipc_channels = SchedulerIpcChannels(
@@ -469,7 +500,7 @@ class RealScheduler:
         tracking = {"mamba_track_interval": sched.mamba_track_interval} if config.mamba_strategy != "no_buffer" else {}
         return dict(
             model_path=model_path, device=config.device, skip_tokenizer_init=True, load_format="dummy",
-            disable_overlap_schedule=True, mamba_radix_cache_strategy=config.mamba_strategy, page_size=config.page_size,
+            disable_overlap_schedule=config.event_loop != "overlap", mamba_radix_cache_strategy=config.mamba_strategy, page_size=config.page_size,
             **tracking,
             max_running_requests=self.max_running_requests,
             max_total_tokens=config.kv_size, chunked_prefill_size=-1 if chunk is None else chunk,
@@ -539,9 +570,14 @@ class RealScheduler:
         pinning = pinning_on_the_host(self.config.device) if self.config.mamba_strategy != "no_buffer" else contextlib.nullcontext()
         try:
             with pinning:
-                self.scheduler.event_loop_normal()
+                self.loop()
         except TurnEnd:
             pass
+
+    def loop(self) -> None:
+        """Enter the event loop as the scheduler process does (`run_event_loop`: the schedule
+        stream, then the loop the server settings pick); the turn ends at its next ingest."""
+        self.scheduler.run_event_loop()
 
     def restart_counters(self) -> None:
         """What a fresh build starts from, for the next program: the scheduler's new-token
