@@ -74,7 +74,7 @@ def parse_key(text: str) -> Signature:
     parts = text.split(SEPARATOR)
     if len(parts) == 2 and all(parts):
         return Signature(INVARIANT, parts[0], parts[1])
-    if len(parts) == 4 and all(parts):
+    if len(parts) == 4 and all(parts[:2]) and parts[3]:  # a failure outside any call has no `where`
         check, what, where, frame = parts
         kind = DIVERGENCE if check == "model_agreement" else EXCEPTION
         return Signature(kind, check, what, where, None if frame == "-" else frame)

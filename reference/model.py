@@ -15,7 +15,7 @@ the intended thing and the release fails. What releases changed on purpose is a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 Path = Tuple[Hashable, Tuple[int, ...]]
 ROOT: Path = (None, ())
@@ -120,9 +120,13 @@ class ModelReq:
     tracks: List[int] = field(default_factory=list)
     track_lens: List[Optional[int]] = field(default_factory=list)
     last_track: Optional[int] = None
+    # the track slots it gave up (finished, aborted, retracted), which a batch launched before
+    # (the overlap loop) may still checkpoint into
+    released_tracks: Set[int] = field(default_factory=set)
 
     def drop_tracks(self) -> None:
         """The request holds no track slot any more (nor what it knew of their checkpoints)."""
+        self.released_tracks.update(self.tracks)
         self.tracks, self.track_lens, self.last_track = [], [], None
 
     def kv_len(self) -> int:
@@ -553,7 +557,12 @@ class ReferenceCache:
 
     def record_track(self, req: ModelReq, slot: int, length: int) -> None:
         """The forward pass wrote the state of the request's first `length` tokens into its track
-        slot `slot` (ValueError for a slot it does not hold)."""
+        slot `slot` (ValueError for a slot it does not hold). rule: a checkpoint into a slot the
+        request has released since the batch was launched (the overlap loop processes a batch's
+        results after it launches the next) is no one's."""
+        if slot not in req.tracks and slot in req.released_tracks:
+            self.note("checkpoint after release")
+            return
         if slot not in req.tracks:
             raise ValueError(f"request {req.rid} holds track slots {req.tracks}, not {slot}")
         pos = req.tracks.index(slot)

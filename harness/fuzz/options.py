@@ -112,7 +112,8 @@ class FuzzOptions:
             illegal = legal_refusal(self.pinned)
             if illegal:
                 raise ValueError(f"{self.pinned_flags}: {illegal}")
-            probe = CacheConfig(kv_size=1, mamba_size=1, req_size=1, **self.pinned)
+            # the protocol and cache must take the pinned settings in some legal combination
+            probe = CacheConfig(kv_size=1, mamba_size=1, req_size=1, **dict(servings_taken([], self.pinned)[0]))
         refusal = protocol.refusal(factory, None, probe)
         if refusal:
             raise ValueError(refusal)

@@ -54,7 +54,10 @@ class LiveRequest:
     cut: Any
 
     def tokens(self) -> Tuple[int, ...]:
-        return self.origin + tuple(self.cut.output_ids)
+        """Its tokens as the scheduler holds them: a request it aborts for its length holds the
+        one token [0] from then (`Req.set_finish_with_abort`), and keeps its row until the
+        batch that prefills it is processed (a turn later under the overlap loop)."""
+        return tuple(self.cut.origin_input_ids) + tuple(self.cut.output_ids)
 
 
 class Runtimes:

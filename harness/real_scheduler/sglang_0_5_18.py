@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from packaging.version import Version
+
+from harness.caches.sglang_loader import sglang_version
 from harness.real_scheduler import sglang_0_5_19, sglang_0_5_23
 
 
@@ -20,6 +23,13 @@ class StandInWorker(sglang_0_5_19.StandInWorker):
 
 class RealScheduler(sglang_0_5_19.RealScheduler):
     worker_class = StandInWorker
+
+    @property
+    def decode_checkpoints_known_at_launch(self) -> bool:
+        """0.5.16's and 0.5.17's result processing takes a decode's checkpoint length from the
+        request's committed length, which under the overlap loop already counts the next,
+        launched step (`_mamba_check_track_boundary`; 0.5.18 subtracts the lookahead)."""
+        return Version(sglang_version()) < Version("0.5.18")
 
     @staticmethod
     def allow_the_extra_buffer_on_the_host() -> None:

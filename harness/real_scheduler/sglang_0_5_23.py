@@ -214,6 +214,9 @@ class StandInWorker:
                 if start > 0:
                     self._check_resumed_state(req, tokens, start, slot, states)
         checkpoints = self._checkpoints(batch, computed, extend)
+        # (request, track slot, length) of each decode checkpoint: the scheduler learns of them
+        # when it processes the batch's results (an extend's it planned when it built the batch)
+        written = []
         for i, (req, tokens, start, end, slot) in enumerate(computed):
             if end > start:
                 values = self.owner.record_digests(req.extra_key, tokens[:end], start)
@@ -224,10 +227,15 @@ class StandInWorker:
                     track, length = checkpoints[i]
                     cut.write_state(track, values[length - 1])
                     self.owner.tracked[track] = (req.rid, length)
-                    self.owner.on_track(req, track, length)
+                    if extend or self.owner.decode_checkpoints_known_at_launch:
+                        self.owner.on_track(req, track, length)
+                    else:
+                        written.append((req, track, length))
             self.owner.computed[req.rid] = Computed(cut.req_slot_of(req), slot, max(end, start))
         next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
-        return GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
+        result = GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
+        result.harness_checkpoints = written
+        return result
 
     @staticmethod
     def _decoded(batch: Any) -> List[Tuple[int, ...]]:
@@ -380,6 +388,10 @@ class RealScheduler:
     worker_class = StandInWorker
     # the loop's call that takes in what arrived: a turn ends at its second call
     INGEST = "ingest_requests"
+    # when the scheduler learns a decode checkpoint's length (`mamba_last_track_seqlen`): as it
+    # processes the batch's results, the overlap loop's lookahead subtracted (0.5.18 on); else
+    # as soon as the batch is built (a request's committed length counts the launched step)
+    decode_checkpoints_known_at_launch = False
 
     def __init__(self, cut: Any, config: CacheConfig, scheduler_config: SchedulerConfig = SchedulerConfig()):
         if scheduler_config.disaggregation_mode != "null":
@@ -402,7 +414,8 @@ class RealScheduler:
         self.sampled: List[int] = []
         self.computed: Dict[str, Computed] = {}  # per rid, what the forward pass last computed
         # per track slot, the checkpoint the forward pass last wrote there (the extra buffer),
-        # and who is told of each (`ModelMirror.record_track`)
+        # and who is told of each as the scheduler processes the batch that wrote it
+        # (`ModelMirror.record_track`)
         self.tracked: Dict[int, Tuple[str, int]] = {}  # slot -> (rid, how many tokens it is of)
         self.on_track: Callable[[Any, int, int], None] = lambda req, slot, length: None
         # the digest of every prefix of a request's tokens, those from a position on about to be
@@ -442,6 +455,14 @@ class RealScheduler:
 
             def init_tp_model_worker(self) -> None:
                 self.tp_worker = owner.worker_class(owner, self)
+
+            def process_batch_result(self, batch: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
+                # the checkpoints a decode batch's forward pass wrote are the scheduler's to
+                # know from when it processes the batch's results (`mamba_last_track_seqlen`
+                # set there; under the overlap loop after the next batch is launched)
+                for req, slot, length in getattr(result, "harness_checkpoints", ()):
+                    owner.on_track(req, slot, length)
+                return super().process_batch_result(batch, result, *args, **kwargs)
 
         ingest = getattr(scheduler_module.Scheduler, self.INGEST)
 
