@@ -234,6 +234,31 @@ class AbortWaitingLeaksMambaSlot(KnownFinding):
         return req in getattr(protocol, "waiting", ()) and driver.cut.mamba_slot_of(req.cut) is not None
 
 
+class OverlapCheckpointOverwritten(KnownFinding):
+    name = "overlap-checkpoint-overwritten"
+    releases = release_range("0.5.18", "0.5.23")
+    in_scheduler = True
+    check = "meaning"
+    summary = (
+        "with the extra buffer under the overlap loop, a decode at a track boundary that directly follows an "
+        "extend (a prompt of k * interval - 1 tokens) never flips the request's ping-pong index: its result is "
+        "processed with a lookahead of one, the next batch's mask says no boundary, and the batch before it was "
+        "an extend. The next boundary's checkpoint overwrites the slot holding the latest one, and a request "
+        "finishing with that write in flight gives the tree the longer prefix's state under the shorter key "
+        "(batch_result_processor._mamba_prefix_cache_update; 0.5.16 and 0.5.17, which read the lookahead into "
+        "the committed length, are not affected): a later request resumes from the wrong state"
+    )
+    set_aside = ("with the extra buffer under the overlap loop, no prompt one token short of a track boundary "
+                 "(a re-prefill after retraction or a last chunk can still reach it)")
+    marks = ("Mamba state",)
+
+    def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        config, interval = driver.config, driver.scheduler.mamba_track_interval
+        if op != "arrive" or config.mamba_strategy != "extra_buffer" or config.event_loop != "overlap":
+            return False
+        return len(args["tokens"]) % interval == interval - 1
+
+
 KNOWN_FINDINGS: Dict[str, KnownFinding] = {
     f.name: f
     for f in (
@@ -247,6 +272,7 @@ KNOWN_FINDINGS: Dict[str, KnownFinding] = {
         IdleCheckCountsWaitingSlot(),
         IdleSanityCheckLruOrder(),
         AbortWaitingLeaksMambaSlot(),
+        OverlapCheckpointOverwritten(),
     )
 }
 

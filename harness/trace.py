@@ -239,9 +239,14 @@ def judge(trace: Trace, verdict: Verdict, impl: Optional[str] = None, version: O
     it must fail with the check it recorded, and passing means the bug is fixed and the trace
     should be promoted. A known failure belongs to the implementation and version the trace
     names (`impl`, `impl_version`); replayed on any other (`impl`/`version` given and
-    different) the trace must pass.
+    different) the trace must pass. A fault of a release's own scheduler, recorded under it,
+    belongs to every tree core of every release it affects: there it must fail as the finding
+    fails (its check and marks), whichever core shows it.
     """
-    foreign = (impl is not None and impl != trace.impl) or (version is not None and version != trace.impl_version)
+    finding = KNOWN_FINDINGS.get(trace.known_failure.split(":")[0]) if trace.known_failure else None
+    any_core = (finding is not None and finding.in_scheduler and trace.protocol == "scheduler"
+                and bool(impl and impl.startswith("sglang")) and (version is None or finding.meets(version)))
+    foreign = not any_core and ((impl is not None and impl != trace.impl) or (version is not None and version != trace.impl_version))
     if not trace.known_failure or foreign:
         if verdict.ok:
             return None
@@ -255,7 +260,8 @@ def judge(trace: Trace, verdict: Verdict, impl: Optional[str] = None, version: O
     if recorded is not None and verdict.failure.check != recorded:
         return f"fails with {verdict.failure.check}, but the known failure recorded {recorded}"
     recorded_signature = trace.failure.signature if trace.failure else None
-    if recorded_signature is not None and verdict.failure.signature is not None and not recorded_signature.same_as(verdict.failure.signature):
+    mismatch = recorded_signature is not None and verdict.failure.signature is not None and not recorded_signature.same_as(verdict.failure.signature)
+    if mismatch and not (any_core and finding.matches(verdict.failure.signature)):
         return f"fails as {verdict.failure.signature.key}, but the known failure recorded {recorded_signature.key}"
     return None
 
