@@ -65,6 +65,12 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
         (["fuzz", "--mamba-strategy", "extra_buffer"], "the contract scheduler runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'"),
         (["fuzz", "--mamba-strategy", "lazy"], "argument --mamba-strategy: invalid choice: 'lazy'"),
         (["replay", TRACE, "--mamba-strategy", "extra_buffer"], "runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'"),
+        # the overlap loop: with the extra buffer only (SGLang's no_buffer forces the normal loop)
+        (["fuzz", "--event-loop", "overlap"], "the contract scheduler runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'"),
+        (["fuzz", "--mamba-strategy", "no_buffer", "--event-loop", "overlap"],
+         "--mamba-strategy no_buffer --event-loop overlap: SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap' together"),
+        (["replay", TRACE, "--event-loop", "overlap"], "SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap' together"),
+        (["fuzz", "--event-loop", "fast"], "argument --event-loop: invalid choice: 'fast'"),
     ],
 )
 def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):

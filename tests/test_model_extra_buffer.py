@@ -158,3 +158,18 @@ def test_a_release_may_free_the_kv_past_the_key_before_the_insert():
         orders.append(m.kv_free[-6:])
     after, before = orders
     assert after == kv[:4] + kv[4:] and before == kv[4:] + kv[:4]
+
+
+def test_a_checkpoint_into_a_slot_its_request_released_is_no_ones():
+    """The overlap loop processes a batch's results after it launches the next: a request may
+    have released its track slots (finished, aborted, retracted) by the time the scheduler
+    hears of a checkpoint the next batch wrote there. A slot it never held is still refused."""
+    model = ReferenceCache(kv_size=16, mamba_size=8, req_size=2, rules=SGLANG_UNIFIED, tracking_slots=2)
+    req = ModelReq(rid=0, origin=(1, 2, 3))
+    model.req_alloc([req])
+    released = list(req.tracks)
+    req.drop_tracks()
+    model.record_track(req, released[1], 4)
+    assert "checkpoint after release" in model.events and req.track_lens == []
+    with pytest.raises(ValueError, match="holds track slots"):
+        model.record_track(req, 7, 4)
