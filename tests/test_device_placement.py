@@ -20,7 +20,8 @@ from bench import engines, throughput, workload
 from harness.caches import ImplCache
 from harness.engines.random_engine import ProgramFailed, random_program
 from strategies import SCENARIOS
-from test_regressions import TRACES, replay_problem, trace_id
+from harness.trace import load_trace
+from test_regressions import TRACES, replay_problem, skip_unreplayable, trace_id
 from test_scheduler_demo import load_demo
 
 PROGRAMS, STEPS = 6, 60
@@ -64,6 +65,7 @@ def test_a_tensor_made_without_its_device_fails_the_programs(device, tmp_path):
 
 @pytest.mark.parametrize("path", TRACES, ids=trace_id)
 def test_regression_traces_replay_without_the_default_device(path, device):
+    skip_unreplayable(load_trace(path), ImplCache)
     with no_default_device():
         problem = replay_problem(path, ImplCache, device)
     if problem:

@@ -28,6 +28,14 @@ def trace_id(path: str) -> str:
     return os.path.relpath(path, os.path.join(HERE, "regressions"))
 
 
+def skip_unreplayable(trace, cache_factory) -> None:
+    """Skip, saying why, a trace recorded with server settings the cache or the protocol it
+    replays under cannot run (impl has no extra buffer yet)."""
+    refusal = protocol_class(replay_protocol(trace, cache_factory)).refusal(cache_factory, trace.scheduler, trace.config)
+    if refusal:
+        pytest.skip(f"recorded with settings this cache cannot replay: {refusal}")
+
+
 def replay_problem(path: str, cache_factory, device) -> str:
     """What is wrong with replaying the trace at `path` on `device` (empty when nothing is)."""
     trace = load_trace(path)
@@ -44,10 +52,7 @@ def test_trace_replays(path, cache_under_test, device):
     direct = sorted({op["op"] for op in trace.operations} & set(DIRECT_OPERATIONS))
     if direct and not cache_class(cache_under_test).direct_api:
         pytest.skip(f"the trace calls the cache directly ({direct}); only a cache with a direct API takes that")
-    # server settings the cache or the protocol it replays under cannot run (impl's extra buffer)
-    refusal = protocol_class(replay_protocol(trace, cache_under_test)).refusal(cache_under_test, trace.scheduler, trace.config)
-    if refusal:
-        pytest.skip(f"recorded with settings this cache cannot replay: {refusal}")
+    skip_unreplayable(trace, cache_under_test)
     problem = replay_problem(path, cache_under_test, device)
     if problem:
         pytest.fail(f"{path} {problem}")
