@@ -434,9 +434,13 @@ class RealScheduler:
         class HarnessScheduler(scheduler_module.Scheduler):
             # `event_loop_overlap` starts with a new result queue: each turn re-enters the
             # loop, so the queue the previous turn left (the batch launched, its results not
-            # yet processed) is kept, and the loop's fresh one dropped
+            # yet processed) is kept, and the loop's fresh one dropped; a message the harness
+            # hands in before the first turn (a flush asking whether the loop is idle) finds
+            # the queue the loop would start with, empty
             @property
             def result_queue(self) -> Any:
+                if not hasattr(self, "_harness_result_queue"):
+                    self._harness_result_queue = collections.deque()
                 return self._harness_result_queue
 
             @result_queue.setter
