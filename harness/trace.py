@@ -232,6 +232,16 @@ def failure_trace(driver: Driver, exc: BaseException, scenario: Optional[str] = 
     )
 
 
+def scheduler_fault(trace: Trace, version: Optional[str] = None) -> Optional[KnownFinding]:
+    """The known finding the trace records, when it is a fault of a release's own scheduler
+    recorded under it and affects `version` (any, when None): every SGLang tree core of such a
+    release fails it."""
+    finding = KNOWN_FINDINGS.get(trace.known_failure.split(":")[0]) if trace.known_failure else None
+    if finding is None or not finding.in_scheduler or trace.protocol != "scheduler":
+        return None
+    return finding if version is None or finding.meets(version) else None
+
+
 def judge(trace: Trace, verdict: Verdict, impl: Optional[str] = None, version: Optional[str] = None) -> Optional[str]:
     """Why a replay's outcome is wrong for its trace, or None when it is as expected.
 
@@ -243,9 +253,8 @@ def judge(trace: Trace, verdict: Verdict, impl: Optional[str] = None, version: O
     belongs to every tree core of every release it affects: there it must fail as the finding
     fails (its check and marks), whichever core shows it.
     """
-    finding = KNOWN_FINDINGS.get(trace.known_failure.split(":")[0]) if trace.known_failure else None
-    any_core = (finding is not None and finding.in_scheduler and trace.protocol == "scheduler"
-                and bool(impl and impl.startswith("sglang")) and (version is None or finding.meets(version)))
+    finding = scheduler_fault(trace, version)
+    any_core = finding is not None and bool(impl and impl.startswith("sglang"))
     foreign = not any_core and ((impl is not None and impl != trace.impl) or (version is not None and version != trace.impl_version))
     if not trace.known_failure or foreign:
         if verdict.ok:

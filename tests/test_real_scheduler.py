@@ -261,22 +261,20 @@ def test_a_unified_era_trace_keeps_its_verdict_under_the_real_scheduler(real, na
     import os
 
     from harness.caches import cache_factory
-    from harness.findings import KNOWN_FINDINGS
     from harness.protocols import RealSchedulerProtocol
-    from harness.trace import load_trace, replay
+    from harness.trace import load_trace, replay, scheduler_fault
 
     trace = load_trace(os.path.join(os.path.dirname(__file__), "regressions", name))
     if trace.scheduler.disaggregation_mode != "null":
         pytest.skip("recorded with disaggregated prefill, which the real scheduler does not build "
                     "(its finding has a scheduler-recorded trace, sglang-0.5.23/scheduler-*.json)")
-    finding = KNOWN_FINDINGS.get(trace.known_failure.split(":")[0]) if trace.known_failure else None
-    scheduler_fault = finding is not None and finding.in_scheduler and finding.meets(sglang_version())
+    every_core = scheduler_fault(trace, sglang_version()) is not None
     for cache in tree_cores() + (("impl",) if speaks_impl() else ()):
         factory = cache_factory(cache)
         if RealSchedulerProtocol.refusal(factory, trace.scheduler, trace.config):
             continue
         verdict = replay(trace, factory, protocol="scheduler")
-        if cache == "sglang-python" or (scheduler_fault and cache.startswith("sglang")):
+        if cache == "sglang-python" or (every_core and cache.startswith("sglang")):
             assert not verdict.ok and verdict.failure.check == trace.failure.check, (cache, verdict)
         else:
             assert verdict.ok, (cache, verdict)

@@ -414,8 +414,8 @@ class RealScheduler:
         self.sampled: List[int] = []
         self.computed: Dict[str, Computed] = {}  # per rid, what the forward pass last computed
         # per track slot, the checkpoint the forward pass last wrote there (the extra buffer),
-        # and who is told of each as the scheduler processes the batch that wrote it
-        # (`ModelMirror.record_track`)
+        # and who is told of each once the scheduler knows of it (`ModelMirror.record_track`:
+        # an extend's at launch, a decode's as its results are processed, from 0.5.18)
         self.tracked: Dict[int, Tuple[str, int]] = {}  # slot -> (rid, how many tokens it is of)
         self.on_track: Callable[[Any, int, int], None] = lambda req, slot, length: None
         # the digest of every prefix of a request's tokens, those from a position on about to be
@@ -445,8 +445,7 @@ class RealScheduler:
 
             @result_queue.setter
             def result_queue(self, queue: Any) -> None:
-                if not hasattr(self, "_harness_result_queue"):
-                    self._harness_result_queue = queue
+                """The loop's fresh queue: dropped (the kept one is as empty at the start)."""
 
             def init_ipc_channels(self, port_args: Any) -> None:
                 empty = Inbox(io_struct, zmq)
