@@ -261,9 +261,9 @@ def build(name: str, kv_size: int, mamba_size: int, req_size: int, max_context_l
         adapter = Sglang054Cache(config, virtual_clock=False)
         return Bench(name, Api054(adapter.cache, adapter.kv, adapter.req_pool, lambda tokens: adapter.key(tokens, None)), device)
     if name in ("sglang-python", "sglang-rust"):
-        from harness.caches.sglang_unified import SglangUnifiedCache
+        from harness.caches.sglang_unified_0_5_22 import SglangUnified0522Cache
 
-        return Bench(name, Api0523(SglangUnifiedCache(config, tree_core=name.split("-")[1])), device)
+        return Bench(name, Api0523(SglangUnified0522Cache(config, tree_core=name.split("-")[1])), device)
     raise ValueError(f"unknown cache {name!r}: expected one of {list(CACHES)}")
 
 

@@ -7,7 +7,7 @@
                   `UnifiedRadixCache` on the Python tree
   sglang-CORE     SGLang's `UnifiedRadixCache` (Full + Mamba) on tree core CORE: `python`, `rust`,
                   or `parity` (both side by side, `harness.caches.parity`); 0.5.16 on (`python`
-                  only before 0.5.19), an adapter per era (`sglang_unified*.unified_factory`)
+                  only before 0.5.19), an adapter per era (`sglang_unified_eras.unified_factory`)
   MODULE:CLASS    a subclass of `impl.MambaRadixCache` (a planted bug, a patched cache)
 
 `cache_factory(name)` gives a callable building the cache from a `CacheConfig`;
@@ -70,7 +70,7 @@ def sglang_cache_class(tree_core: Optional[str] = None) -> CacheFactory:
         if tree_core != "python" and not has_tree_cores(version):
             raise ValueError(f"--impl sglang-{tree_core}: SGLang {version}'s unified tree has no tree cores "
                              f"to pick from (0.5.19 on); only sglang-python")
-        from harness.caches.sglang_unified import unified_factory
+        from harness.caches.sglang_unified_eras import unified_factory
 
         return unified_factory(version, tree_core)
     module, name = MAMBA_ERA_ADAPTERS[mamba_era(version)]

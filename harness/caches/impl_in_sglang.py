@@ -41,7 +41,7 @@ import impl
 from harness.caches.base import CacheUnderTest
 from harness.caches.impl import class_impl_name, read_lru
 from harness.caches.sglang_releases import unified_rules
-from harness.caches.sglang_unified import SglangUnifiedCache
+from harness.caches.sglang_unified_0_5_22 import SglangUnified0522Cache
 from reference import SGLANG_0_5_4, Rules
 from strategies.config import CacheConfig
 
@@ -294,7 +294,7 @@ def _impl_key(key: Any) -> impl.RadixKey:
     return impl.RadixKey(list(key.token_ids[: len(key)]), key.extra_key)
 
 
-class ImplInSglangCache(SglangUnifiedCache):
+class ImplInSglangCache(SglangUnified0522Cache):
     """impl's tree (or a subclass of its cache: a planted bug) as SGLang's scheduler's radix
     cache, over SGLang's pools (see the module docstring); read as impl's tree is read."""
 

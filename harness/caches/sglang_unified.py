@@ -8,19 +8,10 @@ KV tensors (`kvcache=None`), and `UnifiedRadixCache(CacheInitParams(tree_compone
 MAMBA)))` on the tree core named by `tree_core` (`python` or `rust`, what
 `SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND` picks in serving). Requests are SGLang's own `Req`.
 
-The calls are 0.5.23's, each made as that release's scheduler helpers make it:
-  a match                `match_kv_cache`: `match_prefix(MatchPrefixParams(key, cow_mamba, req))`,
-                         the result adopted on the request; a copy-on-write is deferred to the
-                         forward pass, which copies `mamba_cow_src_index` into the request's slot
-  a request's lock       `req.lock = tree_cache.lock(req.last_node)` (a receipt, `TreeLock`),
-                         released with `tree_cache.unlock(lock)`
-  caching a running one  `checkpoint_kv_cache`: `checkpoint(req, up_to=req.extend_end)`
-  finishing, retracting  `release_kv_cache(req, tree_cache, checkpoint=...)` (mem_cache/common.py)
-  evicting KV            `evict_from_tree_cache` -> `evict_to_free_tokens`: `evict_for_alloc`
-                         with the shortfall (the protocol computes it)
-  Mamba slots            `ensure_mamba_capacity` (`evict_for_alloc(mamba_num=shortfall)`), then
-                         `req_to_token_pool.alloc(reqs)`, which reuses the row a request holds
-0.5.20's unified cache keeps 0.5.20's finishing calls (`sglang_unified_0_5_20`).
+The calls differ by era, and each era's module makes them as its release's scheduler helpers
+do: `sglang_unified_0_5_22` (0.5.22 on), `sglang_unified_0_5_20` (0.5.19 .. 0.5.21) and the eras
+before it; `sglang_unified_eras.unified_factory` picks one for a release. This base builds the
+pools and the cache, makes SGLang's requests and reads the tree, which every era shares.
 
 The Python core is read white-box: its nodes, both components' locks, the Mamba LRU list and the
 Full eviction order (`last_access_time`). The Rust core's nodes cannot be read from Python
@@ -32,13 +23,11 @@ the meaning of the data (`opaque = True`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import weakref
 from array import array
 from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-from packaging.version import Version
 
 from harness.caches.base import CacheUnderTest, storage_of, walk_tree
 from harness.caches.sglang_0_5_20 import Sglang0520Cache
@@ -128,13 +117,6 @@ class SglangUnifiedCache(Sglang0520Cache):
         self._refresh_fill_ids(req)
         return req
 
-    def _refresh_fill_ids(self, req: Any) -> None:
-        """The request's fill ids are its input and output so far (`Req.refresh_fill_ids`)."""
-        req.refresh_fill_ids()
-
-    def _set_extend_end(self, req: Any, end: int) -> None:
-        req.extend_end = end
-
     def key(self, tokens: Sequence[int], extra_key: Hashable) -> Any:
         return self.sgl.RadixKey(array("q", tokens), extra_key)
 
@@ -161,11 +143,6 @@ class SglangUnifiedCache(Sglang0520Cache):
     def forget_req_slot(self, req: Any) -> None:
         """`release_kv_cache` already gave the row back through the request."""
 
-    def prefix_of(self, req: Any) -> List[int]:
-        if req.last_node is None or not req.prefix_len:
-            return []
-        return self.cache.prefix_device_indices(req).tolist()
-
     def last_node_of(self, req: Any) -> Any:
         return req.last_node
 
@@ -177,30 +154,6 @@ class SglangUnifiedCache(Sglang0520Cache):
 
     # ----- the cache's own calls --------------------------------------------------------------
 
-    def match_prefix(self, key: Any, cow_mamba: bool = False, req: Any = None, **scheduler_args: Any) -> UnifiedMatch:
-        """`match_prefix(MatchPrefixParams(key, cow_mamba, req))`; with copy-on-write the forward
-        pass then makes the deferred copy into the request's slot. The policy's own arguments
-        (`rid`) have no place in the parameters."""
-        result = self.cache.match_prefix(self.sgl.MatchPrefixParams(key=key, cow_mamba=cow_mamba, req=req))
-        if req is not None:
-            self.copy_deferred_cow(req)
-        node = result.last_device_node
-        indices = self._path_kv(node)[: result.device_prefix_len].to(torch.int64)
-        return UnifiedMatch(indices, node, result.last_host_node)
-
-    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
-        """`checkpoint_kv_cache(req, tree_cache)`: the tree takes what the request computed up to
-        its extend's end, and its lock moves to the node that insert ended on."""
-        self.sgl.common.checkpoint_kv_cache(req, self.cache)
-
-    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
-        """`release_kv_cache(req, tree_cache, checkpoint=is_insert)`; a request that goes into
-        the tree is finished first (the tree reads `req.finished()`)."""
-        if is_insert and not req.finished():
-            req.finished_reason = self.sgl.FINISH_LENGTH(length=len(req.output_ids))
-        self._release_extra_locks(req)
-        self.sgl.common.release_kv_cache(req, self.cache, checkpoint=is_insert)
-
     def evict(self, num_tokens: int) -> None:
         """`evict_to_free_tokens`' call for a shortfall of `num_tokens` (the protocol computes
         the shortfall, `UnifiedScheduler._evict_from_tree_cache`)."""
@@ -210,26 +163,13 @@ class SglangUnifiedCache(Sglang0520Cache):
         """The Mamba shortfall, as `ensure_mamba_capacity` evicts it."""
         self.cache.evict_for_alloc(self.sgl.EvictParams(num_tokens=0, mamba_num=num))
 
-    def lock_req(self, req: Any) -> None:
-        """`req.lock = tree_cache.lock(req.last_node)`; a second lock on the same request (the
-        adder's temporary one) is kept beside it and released first."""
-        lock = self.cache.lock(req.last_node)
-        if req.lock is None:
-            req.lock = lock
-        else:
-            self._extra_locks.setdefault(id(req), []).append(lock)
+    # ----- the era's calls: each era's adapter makes them as its release's helpers do ------------
 
-    def unlock_req(self, req: Any) -> None:
-        extra = self._extra_locks.get(id(req))
-        if extra:
-            self.cache.unlock(extra.pop())
-            return
-        self.cache.unlock(req.lock)
-        req.lock = None
+    def _era_call(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} is the unified caches' base: an era's adapter makes the calls (unified_factory)")
 
-    def _release_extra_locks(self, req: Any) -> None:
-        for lock in self._extra_locks.pop(id(req), ()):
-            self.cache.unlock(lock)
+    _refresh_fill_ids = _set_extend_end = prefix_of = match_prefix = _era_call
+    cache_unfinished_req = cache_finished_req = lock_req = unlock_req = _release_extra_locks = _era_call
 
     def inc_lock_ref(self, node: Any) -> None:
         raise NotImplementedError("UnifiedRadixCache's locks are taken per request (lock_req)")
@@ -363,20 +303,3 @@ class SglangUnifiedCache(Sglang0520Cache):
             stack.extend((child, depth + 1) for child in reversed(list(node.children.values())))
         return "\n".join(lines) or "(empty tree)"
 
-
-def unified_factory(version: str, tree_core: str) -> Any:
-    """A factory of the `UnifiedRadixCache`s of SGLang `version` on `tree_core` (`parity`: the
-    Python and the Rust core side by side, `harness.caches.parity`)."""
-    if Version(version) <= Version("0.5.16"):  # no tree core yet: the cache holds the nodes
-        from harness.caches.sglang_unified_0_5_16 import SglangUnified0516Cache as cls
-    elif Version(version) <= Version("0.5.18"):  # 0.5.17, 0.5.18: 0.5.20's calls, flat requests
-        from harness.caches.sglang_unified_0_5_17 import SglangUnified0517Cache as cls
-    elif Version(version) <= Version("0.5.21"):  # 0.5.19 .. 0.5.21: 0.5.20's calls
-        from harness.caches.sglang_unified_0_5_20 import SglangUnified0520Cache as cls
-    else:
-        cls = SglangUnifiedCache
-    if tree_core == "parity":
-        from harness.caches.parity import ParityCache
-
-        return functools.partial(ParityCache, tree_core=tree_core, cache_class=cls)
-    return functools.partial(cls, tree_core=tree_core)

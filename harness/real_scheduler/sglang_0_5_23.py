@@ -381,7 +381,7 @@ def _named_checker_class(base: type) -> type:
 
 
 class RealScheduler:
-    """SGLang 0.5.23's `Scheduler` over a cache under test (an `SglangUnifiedCache`), built once;
+    """SGLang 0.5.23's `Scheduler` over a cache under test (an `SglangUnified0522Cache`), built once;
     `arrive`, `abort` and `flush` send what the tokenizer would, `turn` runs one turn of
     `event_loop_normal` (see the module docstring)."""
 
