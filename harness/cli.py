@@ -37,7 +37,7 @@ from harness.protocols import PROTOCOLS, protocol_class
 from harness.trace import Trace, TraceError, Verdict, load_trace, replay, replay_protocol
 from harness.usage import CommandParser
 from strategies import SCENARIOS
-from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, SERVER_SETTINGS, setting_flags
+from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, PAGE_SIZES, SERVER_SETTINGS, setting_flags
 
 
 class UsageError(Exception):
@@ -203,6 +203,7 @@ def run_fuzz(args, out: TextIO) -> int:
         set_aside=args.set_aside,
         mamba_strategy=args.mamba_strategy,
         event_loop=args.event_loop,
+        page_size=args.page_size,
     )
     if args.device:
         options.device = args.device
@@ -317,6 +318,9 @@ def build_parser() -> CommandParser:
     fz.add_argument("--event-loop", default=None, choices=EVENT_LOOPS,
                     help="every program's event loop (default: drawn like the strategy, overlap most often where the "
                          "extra buffer is drawn; no_buffer runs the normal loop only)")
+    fz.add_argument("--page-size", default=None, type=int, choices=PAGE_SIZES,
+                    help="every program's page size (default: drawn like the strategy, 1, 4 or 16 with the extra buffer; "
+                         "no_buffer takes page size 1 only)")
     fz.add_argument("--trace-dir", default=None, help="where failure traces go (default tests/regressions/pending)")
     fz.add_argument("--set-aside", action="append", default=[], metavar="FINDING|TRACE.json|SIGNATURE",
                     help="set aside a known finding of the release under test ('all': every one; docs/findings.md), the "
@@ -330,6 +334,7 @@ def build_parser() -> CommandParser:
     rp.add_argument("--device", default=None, help="torch device (default: the trace's)")
     rp.add_argument("--mamba-strategy", default=None, choices=MAMBA_STRATEGIES, help="the Mamba strategy (default: the trace's)")
     rp.add_argument("--event-loop", default=None, choices=EVENT_LOOPS, help="the event loop (default: the trace's)")
+    rp.add_argument("--page-size", default=None, type=int, choices=PAGE_SIZES, help="the page size (default: the trace's)")
     rp.add_argument("--verbose", action="store_true", help="print the tree after every operation")
     emit = rp.add_mutually_exclusive_group()
     emit.add_argument("--to-pytest", action="store_true", help="print the trace as a standalone pytest function (our regression tests)")

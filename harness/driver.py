@@ -111,7 +111,7 @@ class Driver:
             raise ValueError(refusal)
         self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
         self.set_aside = set_aside.for_release(self.cut.release)
-        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules, config.tracking_slots)
+        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules, config.tracking_slots, config.page_size)
         unknown = set(checks) - CHECKS
         if unknown:
             raise ValueError(f"unknown checks {sorted(unknown)}; known: {sorted(CHECKS)}")

@@ -146,19 +146,25 @@ def _lcp(a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
 class ReferenceCache:
     """Model of the cache plus its three pools."""
 
-    def __init__(self, kv_size: int, mamba_size: int, req_size: int, rules: Rules = SGLANG_0_5_4, tracking_slots: int = 0):
+    def __init__(
+        self, kv_size: int, mamba_size: int, req_size: int, rules: Rules = SGLANG_0_5_4, tracking_slots: int = 0, page_size: int = 1
+    ):
         self.rules = rules
         # the extra buffer (`extra_buffer` strategy): track slots per request beside its running
         # state, 0 without it
         self.tracking_slots = tracking_slots
+        # KV slots per page: the unit the KV pool hands out and frees, and every key is cut to
+        self.page_size = page_size
         self.nodes: Dict[Path, Record] = {}
-        self.kv_slots = range(1, kv_size + 1)  # rule: KV slot 0 is padding, never free
+        # rule: KV page 0 is padding, never free; the pool is `kv_size // page_size` pages after it
+        self.kv_slots = range(page_size, page_size * (kv_size // page_size + 1))
         self.mamba_slots = range(rules.first_mamba_slot, rules.first_mamba_slot + mamba_size)
         self.req_slots = range(rules.first_req_slot, rules.first_req_slot + req_size)
         self.kv_free: List[int] = list(self.kv_slots)
         self.mamba_free: List[int] = list(self.mamba_slots)
         self.req_free: List[int] = list(self.req_slots)
         self.kv_group: Optional[List[int]] = None  # frees held back by an open free group
+        self.page_group: Optional[List[int]] = None  # ... and its frees of whole pages by page id
         self.mamba_group: Optional[List[int]] = None  # Mamba slots an open allocation group holds
         self.clock = 0
         self.events: List[str] = []  # reach labels of the rules that fired, for the harness
@@ -239,17 +245,30 @@ class ReferenceCache:
     # ----- tree operations --------------------------------------------------------------------
 
     def _child_towards(self, at: Path, extra: Hashable, tokens: Tuple[int, ...]) -> Optional[Path]:
-        """rule: the child of `at` whose segment starts with the key's next token is the shortest
-        node extending `at` by that token (every other such node lies below it)."""
-        depth = len(at[1])
-        prefix = tokens[: depth + 1]
-        below = [p for p in self.nodes if p[0] == extra and p[1][: depth + 1] == prefix]
+        """rule: the child of `at` whose segment starts with the key's next page (next token, at
+        page size 1) is the shortest node extending `at` by that page (every other such node lies
+        below it); none when the key has no whole page left."""
+        depth = len(at[1]) + self.page_size
+        if len(tokens) < depth:
+            return None
+        prefix = tokens[:depth]
+        below = [p for p in self.nodes if p[0] == extra and p[1][:depth] == prefix]
         return min(below, key=lambda p: len(p[1])) if below else None
+
+    def page_aligned(self, n: int) -> int:
+        """rule: keys go in and match whole pages only: `n` tokens cut down to a page boundary."""
+        return n // self.page_size * self.page_size
+
+    def _common(self, a: Tuple[int, ...], b: Tuple[int, ...]) -> int:
+        """rule: two keys share their common prefix's whole pages."""
+        return self.page_aligned(_lcp(a, b))
 
     def _split(self, path: Path, keep: int) -> Path:
         """rule: cutting a node after `keep` tokens of its segment makes a tombstone upper part
         with the node's KV lock; the lower part keeps its path, Mamba state and locks."""
         self.note("node split")
+        if self.page_size > 1:
+            self.note("paged split")
         rec = self.nodes[path]
         upper = (path[0], path[1][: len(self.parent(path)[1]) + keep])
         self.nodes[upper] = Record(kv=rec.kv[:keep], mamba=None, kv_lock=rec.kv_lock)
@@ -263,14 +282,17 @@ class ReferenceCache:
     def match_prefix(self, tokens: Tuple[int, ...], extra: Hashable) -> Tuple[Tuple[int, ...], Path]:
         """rule: walk the key, splitting a partially matched node; answer the deepest Mamba
         holder on the walked path and its KV; refresh it and its ancestors."""
+        if 0 < len(tokens) < self.page_size:
+            self.note("sub-page prompt")
+        tokens = tokens[: self.page_aligned(len(tokens))]
         if not tokens:
-            return (), ROOT  # rule: empty key matches nothing and touches nothing
+            return (), ROOT  # rule: a key of no whole page matches nothing and touches nothing
         at = ROOT
         while True:
             child = self._child_towards(at, extra, tokens) if len(at[1]) < len(tokens) else None
             if child is None:
                 break
-            common = _lcp(child[1], tokens)
+            common = self._common(child[1], tokens)
             if common < len(child[1]):
                 at = self._split(child, common - len(at[1]))
                 break
@@ -283,9 +305,13 @@ class ReferenceCache:
         self, tokens: Tuple[int, ...], extra: Hashable, kv: Tuple[int, ...], mamba: int, prev_prefix_len: int = 0
     ) -> Tuple[int, bool]:
         """rule: walk the key refreshing each node (splitting where it diverges); add the rest
-        as a new holder leaf, or make the end node a holder, or report that it already is one."""
+        as a new holder leaf, or make the end node a holder, or report that it already is one.
+        The key goes in as far as its whole pages."""
+        if self.page_size > 1 and len(tokens) % self.page_size and len(tokens) > self.page_size:
+            self.note("key cut to whole pages")
+        tokens, kv = tokens[: self.page_aligned(len(tokens))], kv[: self.page_aligned(len(tokens))]
         if not tokens:
-            return 0, True  # rule: empty key inserts nothing and reports the state as present
+            return 0, True  # rule: a key of no whole page inserts nothing and reports the state as present
         at = ROOT
         prefix_len = 0
         while len(at[1]) < len(tokens):
@@ -295,7 +321,7 @@ class ReferenceCache:
             self._touch_full(child)
             if self.nodes[child].mamba is not None and self.rules.insert_refreshes_mamba:
                 self._touch_mamba(child)
-            common = _lcp(child[1], tokens)
+            common = self._common(child[1], tokens)
             prefix_len += common - len(at[1])
             at = self._split(child, common - len(at[1])) if common < len(child[1]) else child
         if self.rules.insert_frees_duplicate_kv and prev_prefix_len < prefix_len:
@@ -438,26 +464,79 @@ class ReferenceCache:
         return out
 
     def kv_alloc(self, n: int) -> Optional[List[int]]:
+        """rule: `n` slots (whole pages when paged) off the head of the free list."""
         return self._take(self.kv_free, n)
 
+    def _page_slots(self, pages: Sequence[int]) -> List[int]:
+        return [page * self.page_size + i for page in pages for i in range(self.page_size)]
+
+    def kv_alloc_extend(self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_locs: Sequence[int]) -> Optional[List[int]]:
+        """rule (paged): each request of a batch extends from `prefix_len` to `seq_len` tokens,
+        first into the rest of its last page (after the slot `last_loc`), then into new pages
+        off the head of the free list, the batch's requests in order; nothing (and no change)
+        when the new pages are more than the free ones."""
+        ps = self.page_size
+        need = [-(-seq // ps) - -(-prefix // ps) for prefix, seq in zip(prefix_lens, seq_lens)]
+        if sum(need) * ps > len(self.kv_free):
+            return None
+        out: List[int] = []
+        for prefix, seq, last, pages in zip(prefix_lens, seq_lens, last_locs, need):
+            in_last_page = min(seq, -(-prefix // ps) * ps) - prefix
+            if in_last_page:
+                self.note("extend into a partial page")
+            out.extend(range(last + 1, last + 1 + in_last_page))
+            fresh = self._take(self.kv_free, pages * ps) or []
+            out.extend(fresh[: seq - prefix - in_last_page])
+        return out
+
+    def kv_alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> Optional[List[int]]:
+        """rule (paged): each request of a decode batch takes the slot after `last_loc`, or the
+        first slot of a new page off the head of the free list when its new token starts one;
+        nothing (and no change) when those pages are more than the free ones."""
+        ps = self.page_size
+        starts = [(seq - 1) % ps == 0 for seq in seq_lens]
+        if sum(starts) * ps > len(self.kv_free):
+            return None
+        if any(starts):
+            self.note("decode starts a page")
+        return [self._take(self.kv_free, ps)[0] if starts[i] else last + 1 for i, last in enumerate(last_locs)]
+
     def free_kv(self, slots: Sequence[int]) -> None:
-        """rule: freed slots go to the tail; inside a free group, when the group ends."""
+        """rule: freed slots go to the tail; paged, the pages they lie on go to the head, each
+        once, in the order of the slots (a row's pages in the row's order; the whole page,
+        whoever else holds a slot of it); inside a free group, when the group ends."""
         if self.kv_group is not None:
             self.kv_group.extend(slots)
-        else:
+        elif self.page_size == 1:
             self.kv_free.extend(slots)
+        elif slots:
+            self.free_pages(list(dict.fromkeys(s // self.page_size for s in slots)))
+
+    def free_pages(self, pages: Sequence[int]) -> None:
+        """rule (paged): pages freed by id go to the head as given; inside a free group, when
+        the group ends (after its freed slots' pages)."""
+        if self.page_size == 1:
+            self.free_kv(pages)  # rule: page ids are slot ids
+        elif self.page_group is not None:
+            self.page_group.extend(pages)
+        else:
+            self.kv_free[:0] = self._page_slots(pages)
 
     def free_group_begin(self) -> None:
         self.kv_group = []
+        self.page_group = []
 
     def free_group_end(self) -> None:
         group, self.kv_group = self.kv_group or [], None
+        pages, self.page_group = self.page_group or [], None
         self.free_kv(group)
+        if pages:
+            self.free_pages(pages)
 
     def kv_clear(self) -> None:
         """rule: a cleared KV pool has every slot free, in order."""
         self.kv_free = list(self.kv_slots)
-        self.kv_group = None
+        self.kv_group = self.page_group = None
 
     def mamba_alloc(self, n: int) -> Optional[List[int]]:
         """rule: a single slot comes from the open allocation group first, while it lasts."""

@@ -5,7 +5,7 @@ settings (`SchedulerConfig`). Both are plain frozen data: strategies draw them, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 POLICIES = ("fcfs", "lpm")
 DISAGGREGATION_MODES = ("null", "prefill")
@@ -15,6 +15,9 @@ MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
 # the scheduler's event loop: `event_loop_normal` (`--disable-overlap-schedule`) or
 # `event_loop_overlap`, which launches a batch before it processes the one before's results
 EVENT_LOOPS = ("normal", "overlap")
+# `--page-size`: KV slots per page, the unit the allocator hands out and the tree's keys are cut
+# to (0.5.23's `PagedTokenToKVPoolAllocator` past 1; `no_buffer` takes only 1)
+PAGE_SIZES = (1, 4, 16, 64)
 
 
 def tracking_slots_of(strategy: str, event_loop: str = "normal") -> int:
@@ -32,29 +35,39 @@ def tracking_slots_of(strategy: str, event_loop: str = "normal") -> int:
 SERVER_SETTINGS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
     "mamba_strategy": ("Mamba strategies", MAMBA_STRATEGIES),
     "event_loop": ("event loops", EVENT_LOOPS),
+    "page_size": ("page sizes", PAGE_SIZES),
 }
+Setting = Union[str, int]  # a value of one of them
 # one combination of them: (field, value) pairs in `SERVER_SETTINGS`' order
-Serving = Tuple[Tuple[str, str], ...]
+Serving = Tuple[Tuple[str, Setting], ...]
 
 
-def serving(mamba_strategy: str = "no_buffer", event_loop: str = "normal") -> Serving:
+def serving(mamba_strategy: str = "no_buffer", event_loop: str = "normal", page_size: int = 1) -> Serving:
     """The combination of server settings named."""
-    return (("mamba_strategy", mamba_strategy), ("event_loop", event_loop))
+    return (("mamba_strategy", mamba_strategy), ("event_loop", event_loop), ("page_size", page_size))
 
 
 # the combinations SGLang's server-args validation lets through (0.5.16 .. 0.5.23
-# `mamba_hook.validate_mamba_no_buffer`: no_buffer forces the normal loop), with the weights a
-# fuzz draws them with: what SGLang serves by default (the extra buffer under the overlap loop)
-# most often
+# `mamba_hook.validate_mamba_no_buffer`: no_buffer forces the normal loop and page size 1), with
+# the weights a fuzz draws them with: what SGLang serves by default (the extra buffer under the
+# overlap loop, page size 1 on the triton backend) most often, pages of 4 and 16 tokens beside it
+# (64, the size paged attention backends pick, only pinned: the configurations' prompts fit in a
+# page of it)
 SERVINGS: Tuple[Tuple[Serving, int], ...] = (
-    (serving("extra_buffer", "overlap"), 2),
+    (serving("extra_buffer", "overlap"), 3),
+    (serving("extra_buffer", "overlap", 4), 2),
+    (serving("extra_buffer", "overlap", 16), 1),
+    (serving("extra_buffer", "overlap", 64), 0),
     (serving("extra_buffer", "normal"), 1),
-    (serving("no_buffer", "normal"), 1),
+    (serving("extra_buffer", "normal", 4), 1),
+    (serving("extra_buffer", "normal", 16), 0),
+    (serving("extra_buffer", "normal", 64), 0),
+    (serving("no_buffer", "normal"), 2),
 )
 NO_BUFFER = serving()
 
 
-def setting_refusal(taken: Mapping[str, Tuple[str, ...]], settings: Mapping[str, str]) -> str:
+def setting_refusal(taken: Mapping[str, Tuple[Setting, ...]], settings: Mapping[str, Setting]) -> str:
     """Why `settings` (field -> value) fall outside `taken` (field -> the values taken; a field
     not named takes every value), as "<what> [...] only, not '<value>'"; "" when they do not."""
     for name, value in settings.items():
@@ -64,28 +77,44 @@ def setting_refusal(taken: Mapping[str, Tuple[str, ...]], settings: Mapping[str,
     return ""
 
 
-def servings_taken(takers: Sequence[Mapping[str, Tuple[str, ...]]], pinned: Mapping[str, str] = {}) -> Tuple[Serving, ...]:
+def servings_taken(takers: Sequence[Mapping[str, Tuple[Setting, ...]]], pinned: Mapping[str, Setting] = {}) -> Tuple[Serving, ...]:
     """The legal combinations (`SERVINGS`) every taker takes and that agree with `pinned`, each
-    repeated by its weight (a uniform pick draws with the weights); empty when none is."""
+    repeated by its weight (a uniform pick draws with the weights; a combination of weight 0 is
+    drawn only where the pinned settings leave nothing heavier); empty when none is."""
     def taken(combination: Serving) -> bool:
         settings = dict(combination)
         return all(settings[k] == v for k, v in pinned.items()) and not any(setting_refusal(t, settings) for t in takers)
 
-    return tuple(c for c, weight in SERVINGS if taken(c) for _ in range(weight))
+    legal = [(c, weight) for c, weight in SERVINGS if taken(c)]
+    if legal and not any(weight for _, weight in legal):
+        legal = [(c, 1) for c, _ in legal]
+    return tuple(c for c, weight in legal for _ in range(weight))
 
 
-def setting_flags(settings: Mapping[str, str]) -> str:
+def track_intervals_for(page_size: int, intervals: Sequence[int]) -> Tuple[int, ...]:
+    """The `--mamba-track-interval`s among `intervals` SGLang takes with `page_size` (a multiple
+    of the page, `mamba_hook.py`), or the page itself when none is."""
+    return tuple(i for i in intervals if i % page_size == 0) or (page_size,)
+
+
+def chunk_sizes_for(page_size: int, sizes: Sequence[Optional[int]]) -> Tuple[Optional[int], ...]:
+    """The `--chunked-prefill-size`s among `sizes` SGLang takes with `page_size` (a multiple of
+    the page, `validation_hook.py`; None: chunked prefill off)."""
+    return tuple(c for c in sizes if c is None or c % page_size == 0)
+
+
+def setting_flags(settings: Mapping[str, Setting]) -> str:
     """Server settings (field -> value) as the command line pins them."""
     return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in settings.items())
 
 
-def legal_refusal(settings: Mapping[str, str]) -> str:
+def legal_refusal(settings: Mapping[str, Setting]) -> str:
     """Why SGLang refuses the combination `settings` (some fields), "" when some legal
     combination agrees with them."""
     if any(all(dict(c)[k] == v for k, v in settings.items()) for c, _ in SERVINGS):
         return ""
     named = ", ".join(f"{k} {v!r}" for k, v in settings.items())
-    return f"SGLang serves no {named} together (no_buffer forces the normal event loop)"
+    return f"SGLang serves no {named} together (no_buffer forces the normal event loop and page size 1)"
 
 
 def _positive_int(owner: str, name: str, value) -> None:
@@ -95,8 +124,9 @@ def _positive_int(owner: str, name: str, value) -> None:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Pool sizes, device, page size (always 1), Mamba strategy and the event loop the pools
-    are built for (SGLang's request pool takes `enable_overlap_schedule`) for a cache under test."""
+    """Pool sizes, device and the server settings the pools are built for (SGLang's request pool
+    takes `enable_overlap_schedule`; its KV allocator hands out pages of `page_size` slots, so the
+    KV pool is whole pages) for a cache under test."""
 
     kv_size: int
     mamba_size: int
@@ -108,10 +138,12 @@ class CacheConfig:
     event_loop: str = "normal"
 
     def __post_init__(self):
-        if self.page_size != 1:
-            raise ValueError(f"CacheConfig.page_size must be 1 (the only size supported), got {self.page_size!r}")
         for name in ("kv_size", "mamba_size", "req_size", "max_context_len"):
             _positive_int("CacheConfig", name, getattr(self, name))
+        if self.page_size not in PAGE_SIZES:
+            raise ValueError(f"CacheConfig.page_size must be one of {PAGE_SIZES}, got {self.page_size!r}")
+        if self.kv_size % self.page_size:
+            raise ValueError(f"CacheConfig.kv_size must be whole pages of {self.page_size} slots, got {self.kv_size!r}")
         if self.mamba_strategy not in MAMBA_STRATEGIES:
             raise ValueError(f"CacheConfig.mamba_strategy must be one of {MAMBA_STRATEGIES}, got {self.mamba_strategy!r}")
         if self.event_loop not in EVENT_LOOPS:
@@ -121,7 +153,7 @@ class CacheConfig:
             raise ValueError(f"CacheConfig: {illegal}")
 
     @property
-    def server_settings(self) -> Dict[str, str]:
+    def server_settings(self) -> Dict[str, Setting]:
         """Its `SERVER_SETTINGS`: field -> value."""
         return {name: getattr(self, name) for name in SERVER_SETTINGS}
 

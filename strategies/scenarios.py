@@ -18,7 +18,7 @@ from typing import Callable, Dict, Hashable, Mapping, Sequence, Tuple
 
 from hypothesis import strategies as st
 
-from strategies.config import NO_BUFFER, CacheConfig, SchedulerConfig, Serving, tracking_slots_of
+from strategies.config import NO_BUFFER, CacheConfig, SchedulerConfig, Serving, chunk_sizes_for, track_intervals_for, tracking_slots_of
 
 Integer = Callable[[int, int], int]
 
@@ -71,13 +71,21 @@ def pool_config(
     if req[0] * MAMBA_PER_REQUEST > mamba[0]:
         raise ValueError(f"request pool sizes {req} must allow one no larger than a third of the Mamba pool {mamba}")
     settings = dict(servings[integer(0, len(servings) - 1)] if len(servings) > 1 else servings[0])
-    per_request = mamba_per_request(**settings)
+    per_request = mamba_per_request(settings["mamba_strategy"], settings["event_loop"])
     least = req[0] * per_request
     kv_size, mamba_size = integer(*kv), integer(max(mamba[0], least), max(mamba[1], least))
     req_size = integer(req[0], min(req[1], mamba_size // per_request))
     return CacheConfig(
-        kv_size=kv_size, mamba_size=mamba_size, req_size=req_size, max_context_len=128, device=device, **settings
+        kv_size=paged_pool(kv_size, settings["page_size"], req_size), mamba_size=mamba_size, req_size=req_size,
+        max_context_len=128, device=device, **settings
     )
+
+
+def paged_pool(kv_size: int, page_size: int, req_size: int) -> int:
+    """A KV pool of `kv_size` slots as whole pages: rounded up, and at least two pages a request
+    slot (a request's last page is its own, however few of its slots it fills)."""
+    pages = max(-(-kv_size // page_size), 2 * req_size if page_size > 1 else 1)
+    return pages * page_size
 
 
 def mamba_per_request(mamba_strategy: str, event_loop: str = "normal") -> int:
@@ -135,16 +143,17 @@ class Scenario:
     def scheduler(self, integer: Integer, config: CacheConfig) -> SchedulerConfig:
         """Server settings for one program: chunked prefill on or off, the prefill budget, how
         many requests run at once, the policy, how conservatively decode memory is reserved."""
-        chunk = integer(0, self.max_chunk)
+        chunks = chunk_sizes_for(config.page_size, tuple(c if c >= 2 else None for c in range(self.max_chunk + 1)))
+        intervals = track_intervals_for(config.page_size, self.track_intervals)
         return SchedulerConfig(
-            chunked_prefill_size=chunk if chunk >= 2 else None,
+            chunked_prefill_size=chunks[integer(0, len(chunks) - 1)],
             max_prefill_tokens=(self.max_len, 4 * self.max_len, 16384)[integer(0, 2)],
             max_running_requests=integer(min(self.min_running, config.req_size), config.req_size),
             schedule_policy=("fcfs", "lpm")[integer(0, 1)],
             schedule_conservativeness=self.conservativeness[integer(0, len(self.conservativeness) - 1)],
             disaggregation_mode=self.disaggregation[integer(0, len(self.disaggregation) - 1)],
             eos_token_id=self.eos,
-            **({"mamba_track_interval": self.track_intervals[integer(0, len(self.track_intervals) - 1)]}
+            **({"mamba_track_interval": intervals[integer(0, len(intervals) - 1)]}
                if config.mamba_strategy != "no_buffer" else {}),
         )
 

@@ -69,8 +69,14 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
         (["fuzz", "--event-loop", "overlap"], "the contract scheduler runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'"),
         (["fuzz", "--mamba-strategy", "no_buffer", "--event-loop", "overlap"],
          "--mamba-strategy no_buffer --event-loop overlap: SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap' together"),
-        (["replay", TRACE, "--event-loop", "overlap"], "SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap' together"),
+        (["replay", TRACE, "--event-loop", "overlap"], "SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap', page_size 1 together"),
         (["fuzz", "--event-loop", "fast"], "argument --event-loop: invalid choice: 'fast'"),
+        # pages of more than one slot: with the extra buffer only, under a release's own scheduler
+        (["fuzz", "--page-size", "4"], "the contract scheduler runs Mamba strategies ['no_buffer'] only, not 'extra_buffer'"),
+        (["fuzz", "--mamba-strategy", "no_buffer", "--page-size", "16"],
+         "--mamba-strategy no_buffer --page-size 16: SGLang serves no mamba_strategy 'no_buffer', page_size 16 together"),
+        (["fuzz", "--page-size", "3"], "argument --page-size: invalid choice: 3"),
+        (["replay", TRACE, "--page-size", "4"], "with --page-size 4: CacheConfig: SGLang serves no mamba_strategy 'no_buffer', event_loop 'normal', page_size 4 together"),
     ],
 )
 def test_a_bad_input_to_the_harness_is_one_line_and_exit_2(argv, message):

@@ -257,9 +257,12 @@ def test_the_extra_buffer_is_drawn_only_where_the_cache_and_every_protocol_take_
 
     from strategies.config import NO_BUFFER, serving
 
-    assert FuzzOptions(impl="impl").scenario("medium").servings == (NO_BUFFER,)
+    assert set(FuzzOptions(impl="impl").scenario("medium").servings) == {NO_BUFFER}
     pinned = FuzzOptions(impl="impl", mamba_strategy="extra_buffer").scenario("chunked")
-    assert set(pinned.servings) == {serving("extra_buffer", "overlap"), serving("extra_buffer", "normal")}
+    drawn = {serving("extra_buffer", loop, page) for loop in ("overlap", "normal") for page in (1, 4)} | {serving("extra_buffer", "overlap", 16)}
+    assert set(pinned.servings) == drawn  # page sizes 16 under the normal loop and 64: only pinned
     assert pinned.name == "chunked"
     both = FuzzOptions(impl="impl", mamba_strategy="extra_buffer", event_loop="normal").scenario("chunked")
-    assert both.servings == (serving("extra_buffer", "normal"),)
+    assert set(both.servings) == {serving("extra_buffer", "normal"), serving("extra_buffer", "normal", 4)}
+    paged = FuzzOptions(impl="impl", mamba_strategy="extra_buffer", page_size=64).scenario("chunked")
+    assert set(paged.servings) == {serving("extra_buffer", "overlap", 64), serving("extra_buffer", "normal", 64)}

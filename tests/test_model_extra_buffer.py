@@ -116,8 +116,14 @@ def test_the_configuration_names_its_strategy_and_its_track_slots():
     assert CacheConfig(kv_size=8, mamba_size=4, req_size=1).tracking_slots == 0
     assert CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="extra_buffer").tracking_slots == 1
     assert CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="extra_buffer", event_loop="overlap").tracking_slots == 2
-    with pytest.raises(ValueError, match="SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap' together"):
+    with pytest.raises(ValueError, match="SGLang serves no mamba_strategy 'no_buffer', event_loop 'overlap', page_size 1 together"):
         CacheConfig(kv_size=8, mamba_size=4, req_size=1, event_loop="overlap")
+    with pytest.raises(ValueError, match="SGLang serves no mamba_strategy 'no_buffer', event_loop 'normal', page_size 4 together"):
+        CacheConfig(kv_size=8, mamba_size=4, req_size=1, page_size=4)
+    with pytest.raises(ValueError, match="kv_size must be whole pages of 4 slots, got 10"):
+        CacheConfig(kv_size=10, mamba_size=4, req_size=1, mamba_strategy="extra_buffer", page_size=4)
+    with pytest.raises(ValueError, match=r"page_size must be one of \(1, 4, 16, 64\), got 8"):
+        CacheConfig(kv_size=16, mamba_size=4, req_size=1, mamba_strategy="extra_buffer", page_size=8)
     with pytest.raises(ValueError, match="mamba_strategy must be one of .*, got 'lazy'"):
         CacheConfig(kv_size=8, mamba_size=4, req_size=1, mamba_strategy="lazy")
     with pytest.raises(ValueError, match="mamba_track_interval must be a positive int, got 0"):

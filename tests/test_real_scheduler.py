@@ -359,20 +359,23 @@ def test_a_checkpoint_recorded_one_token_past_what_the_kernel_wrote_is_caught(fa
 
 
 def test_a_fuzz_of_the_release_draws_the_extra_buffer_by_default(factory):
-    """Where the release's own scheduler is driven with the extra buffer, a fuzz draws it
-    twice as often as no_buffer (what SGLang serves by default); disaggregated prefill, which
-    falls back to the hand-written calls, draws no_buffer alone."""
+    """Where the release's own scheduler is driven with the extra buffer, a fuzz draws it four
+    times as often as no_buffer (what SGLang serves by default), the overlap loop in 6 of 10
+    programs, pages of 4 or 16 slots in 4 of 10; disaggregated prefill, which falls back to the
+    hand-written calls, draws no_buffer alone."""
     from harness.caches import cache_class
     from harness.fuzz.options import FuzzOptions
 
-    from strategies.config import NO_BUFFER, serving
+    from strategies.config import NO_BUFFER
 
     if "extra_buffer" not in cache_class(factory).settings_taken["mamba_strategy"]:
         pytest.skip(f"SGLang {sglang_version()}'s unified cache is not driven with the extra buffer yet")
     options = FuzzOptions(impl="sglang-python")
-    overlap, normal = serving("extra_buffer", "overlap"), serving("extra_buffer", "normal")
-    assert sorted(options.scenario("medium").servings) == sorted([overlap, overlap, normal, NO_BUFFER])
-    assert options.scenario("disagg_prefill").servings == (NO_BUFFER,)
+    drawn = [dict(s) for s in options.scenario("medium").servings]
+    assert len(drawn) == 10 and drawn.count(dict(NO_BUFFER)) == 2
+    assert sum(s["event_loop"] == "overlap" for s in drawn) == 6
+    assert sorted(s["page_size"] for s in drawn) == [1] * 6 + [4] * 3 + [16]
+    assert set(options.scenario("disagg_prefill").servings) == {NO_BUFFER}
     # pinned, a configuration whose programs would fall back to the hand-written calls is left out
     pinned = FuzzOptions(impl="sglang-python", mamba_strategy="extra_buffer", configs=["medium", "disagg_prefill"], device="cpu")
     pinned.check()

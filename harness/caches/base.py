@@ -19,7 +19,7 @@ import torch
 from harness import digest
 from harness.snapshot import NodeView, Path, Snapshot, TensorView
 from reference import SGLANG_0_5_4, Rules
-from strategies.config import CacheConfig
+from strategies.config import CacheConfig, Setting
 
 ROOT_PATH: Path = (None, ())
 
@@ -57,7 +57,7 @@ class CacheUnderTest:
     node_objects: bool = True
     # the server settings it can be built with: per `SERVER_SETTINGS` field, the values it
     # takes (a field not named: every value)
-    settings_taken: Dict[str, Tuple[str, ...]] = {"mamba_strategy": ("no_buffer",)}
+    settings_taken: Dict[str, Tuple[Setting, ...]] = {"mamba_strategy": ("no_buffer",), "page_size": (1,)}
 
     config: CacheConfig
     device: torch.device

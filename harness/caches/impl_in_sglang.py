@@ -302,7 +302,7 @@ class ImplInSglangCache(SglangUnified0522Cache):
     release = impl.__version__
     default_protocol = "scheduler"
     protocols = ("scheduler",)
-    settings_taken = {"mamba_strategy": ("no_buffer",)}  # impl has no extra buffer yet
+    settings_taken = {"mamba_strategy": ("no_buffer",), "page_size": (1,)}  # impl has no extra buffer yet
     misuse_error = impl.CacheMisuseError
     mamba_exhausted_error = impl.MambaPoolExhaustedError
     sanity_check = CacheUnderTest.sanity_check

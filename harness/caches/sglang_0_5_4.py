@@ -49,11 +49,10 @@ class Sglang054Cache(CacheUnderTest):
         self.req_pool = sgl.HybridReqToTokenPool(**self._req_pool_args(config))
         self.mamba_pool = self.req_pool.mamba_pool
         self.mamba_slots = self._mamba_slots()
-        self.kv = sgl.TokenToKVPoolAllocator(
-            size=config.kv_size, dtype=torch.bfloat16, device=config.device, kvcache=None, need_sort=False
-        )
+        self.kv = self._build_kv(config)
         self.cache = self._build_cache(config)
-        self._kv_data = torch.zeros(config.kv_size + 1, dtype=torch.int64, device=self.device)
+        # the padding page and the pool's pages
+        self._kv_data = torch.zeros(config.kv_size + config.page_size, dtype=torch.int64, device=self.device)
 
     @classmethod
     def release_rules(cls, version: str) -> Rules:
@@ -94,6 +93,17 @@ class Sglang054Cache(CacheUnderTest):
         accepted = inspect.signature(self.sgl.HybridReqToTokenPool.__init__).parameters
         args.update((name, value) for name, value in later.items() if name in accepted)
         return args
+
+    def _build_kv(self, config: CacheConfig) -> Any:
+        """The KV allocator the model runner builds, with no KV tensors behind it: by slot at page
+        size 1, else `PagedTokenToKVPoolAllocator` (no sorting of freed pages: no disaggregation)."""
+        if config.page_size == 1:
+            return self.sgl.TokenToKVPoolAllocator(
+                size=config.kv_size, dtype=torch.bfloat16, device=config.device, kvcache=None, need_sort=False
+            )
+        return self.sgl.PagedTokenToKVPoolAllocator(
+            size=config.kv_size, page_size=config.page_size, dtype=torch.bfloat16, device=config.device, kvcache=None, need_sort=False
+        )
 
     def _mamba_slots(self) -> Any:
         return self.mamba_pool
@@ -185,13 +195,21 @@ class Sglang054Cache(CacheUnderTest):
             node = following
         return members, getattr(lru.tail, prv) is node and len(members) == size
 
+    def _free_pages(self) -> List[torch.Tensor]:
+        """The KV allocator's free pages (slots at page size 1): `free_pages`, then those not yet
+        merged back (`release_pages`, from 0.5.20 on paged `staged_pages`)."""
+        kv = self.kv
+        later = getattr(kv, "staged_pages", None)
+        return [kv.free_pages] + (list(later) if later is not None else [kv.release_pages])
+
     def free_list_tensors(self) -> List[torch.Tensor]:
-        return [self.kv.free_pages, self.kv.release_pages, self.mamba_slots.free_slots]
+        return self._free_pages() + [self.mamba_slots.free_slots]
 
     def kv_free_slots(self) -> List[int]:
-        """The free KV slots in hand-out order: `free_pages`, then any not yet merged back."""
-        free, released = self.kv.free_pages, self.kv.release_pages
-        return (torch.cat((free, released)) if released.numel() else free).tolist()
+        """The free KV slots in hand-out order: each free page's slots (see `_free_pages`)."""
+        pages = torch.cat(self._free_pages()).tolist()
+        ps = self.config.page_size
+        return pages if ps == 1 else [page * ps + i for page in pages for i in range(ps)]
 
 
 class SglangReq:

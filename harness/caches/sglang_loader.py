@@ -144,6 +144,7 @@ def load_sglang() -> types.SimpleNamespace:
             version=version,
             HybridReqToTokenPool=pool_mod.HybridReqToTokenPool,
             TokenToKVPoolAllocator=alloc_mod.TokenToKVPoolAllocator,
+            PagedTokenToKVPoolAllocator=getattr(alloc_mod, "PagedTokenToKVPoolAllocator", None),
             RadixKey=radix_mod.RadixKey,
             Mamba2CacheParams=mamba_utils.Mamba2CacheParams,
             Mamba2StateShape=mamba_utils.Mamba2StateShape,

@@ -36,7 +36,7 @@ from harness.caches.sglang_releases import unified_rules
 from harness.real_scheduler import RELEASES as REAL_SCHEDULER_RELEASES
 from harness.snapshot import NodeView, Path, Snapshot, TensorView
 from reference import SGLANG_UNIFIED, Rules
-from strategies.config import CacheConfig
+from strategies.config import PAGE_SIZES, CacheConfig
 
 TREE_CORES = ("python", "rust")
 CORE_CLASSES = {"python": "UnifiedTreeCore", "rust": "RustUnifiedTreeCore"}
@@ -60,7 +60,7 @@ class SglangUnifiedCache(Sglang0520Cache):
     protocols = ("unified", "unified-0.5.20", "scheduler")
     rules = SGLANG_UNIFIED
     tree_core = "python"
-    settings_taken = {"mamba_strategy": ("no_buffer", "extra_buffer")}
+    settings_taken = {"mamba_strategy": ("no_buffer", "extra_buffer"), "page_size": PAGE_SIZES}
     # the tree's own self-check, called as the release's scheduler calls it
     sanity_check = CacheUnderTest.sanity_check
 

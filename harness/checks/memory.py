@@ -72,11 +72,23 @@ def _explain_ownership(pool: str, universe: range, owners: Dict[str, List[int]])
     fail("pool_conservation", f"{pool} slot leaked", f"{pool} slot(s) {lost} are leaked: not free, not in the tree, not held by a request")
 
 
+def _by_page(owners: Dict[str, List[int]], page_size: int) -> Dict[str, List[int]]:
+    """Each owner's KV slots as the pages they lie on (a request's last page is its own however
+    few of its slots it has filled)."""
+    return {owner: sorted({s // page_size for s in slots}) for owner, slots in owners.items()}
+
+
 def pool_conservation(snap: Snapshot, model: ReferenceCache, requests: List[RequestHoldings]) -> None:
-    """Every KV, Mamba and request slot is owned by exactly one of free list, tree, a live
-    request; none lost, none twice; slot 0 never used; free lists in the model's order."""
+    """Every KV, Mamba and request slot (every KV page, when paged) is owned by exactly one of
+    free list, tree, a live request; none lost, none twice; slot (page) 0 never used; free lists
+    in the model's order."""
     universes = {"KV": model.kv_slots, "Mamba": model.mamba_slots, "request": model.req_slots}
-    for pool, owners in _owners(snap, requests).items():
+    owned_by = _owners(snap, requests)
+    ps = model.page_size
+    if ps > 1:
+        owned_by["KV page"] = _by_page(owned_by.pop("KV"), ps)
+        universes["KV page"] = range(model.kv_slots.start // ps, model.kv_slots.stop // ps)
+    for pool, owners in owned_by.items():
         slots = sorted(s for owned in owners.values() for s in owned)
         if slots != list(universes[pool]):  # not every slot owned exactly once
             _explain_ownership(pool, universes[pool], owners)

@@ -31,7 +31,7 @@ from harness.fuzz.stop import StopRequest, stop_on_signals
 from harness.fuzz.workers import run_workers
 from harness.protocols import protocol_class
 from strategies import SCENARIOS
-from strategies.config import NO_BUFFER
+from strategies.config import NO_BUFFER, SERVER_SETTINGS
 
 
 def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
@@ -55,9 +55,10 @@ def fuzz(options: FuzzOptions, out: TextIO = sys.stdout) -> Dict[str, Any]:
     if any(set(servings) != {NO_BUFFER} for servings in drawn.values()):
         by: Dict[str, List[str]] = {}
         for c, servings in drawn.items():
-            names = [f"{dict(s)['mamba_strategy']}/{dict(s)['event_loop']}" for s in dict.fromkeys(servings)]
+            names = ["/".join(str(v) for _, v in s) for s in dict.fromkeys(servings)]
             by.setdefault(", ".join(names), []).append(c)
-        out.write("fuzz: server settings (Mamba strategy/event loop) " + "; ".join(f"{names} in {configs}" for names, configs in by.items()) + "\n")
+        fields = "/".join(name.replace("_", " ") for name in SERVER_SETTINGS)
+        out.write(f"fuzz: server settings ({fields}) " + "; ".join(f"{names} in {configs}" for names, configs in by.items()) + "\n")
     if options.impl.startswith("sglang"):
         from harness.caches.sglang_loader import development_note
 

@@ -17,7 +17,7 @@ from harness.profiles import PROFILES
 from harness.trace import TraceError, set_aside_names
 from harness.protocols import protocol_class
 from strategies import SCENARIOS, Scenario
-from strategies.config import SERVER_SETTINGS, CacheConfig, legal_refusal, servings_taken, setting_flags, setting_refusal
+from strategies.config import SERVER_SETTINGS, CacheConfig, Setting, legal_refusal, servings_taken, setting_flags, setting_refusal
 
 ENGINES = ("hypothesis", "random")
 
@@ -46,9 +46,10 @@ class FuzzOptions:
     # server settings pinned (None: drawn per program among those the cache and protocols take)
     mamba_strategy: Optional[str] = None
     event_loop: Optional[str] = None
+    page_size: Optional[int] = None
 
     @property
-    def pinned(self) -> Dict[str, str]:
+    def pinned(self) -> Dict[str, Setting]:
         """The server settings pinned: `SERVER_SETTINGS` field -> value."""
         return {name: getattr(self, name) for name in SERVER_SETTINGS if getattr(self, name) is not None}
 
@@ -113,7 +114,8 @@ class FuzzOptions:
             if illegal:
                 raise ValueError(f"{self.pinned_flags}: {illegal}")
             # the protocol and cache must take the pinned settings in some legal combination
-            probe = CacheConfig(kv_size=1, mamba_size=1, req_size=1, **dict(servings_taken([], self.pinned)[0]))
+            settings = dict(servings_taken([], self.pinned)[0])
+            probe = CacheConfig(kv_size=settings["page_size"], mamba_size=1, req_size=1, **settings)
         refusal = protocol.refusal(factory, None, probe)
         if refusal:
             raise ValueError(refusal)

@@ -19,7 +19,7 @@ from harness.checks.memory import RequestHoldings
 from harness.checks.violation import Tolerate, never
 from harness.operations import OperationError
 from harness.pairing import PairedCaches, Request
-from strategies.config import DISAGGREGATION_MODES, CacheConfig, SchedulerConfig, setting_refusal
+from strategies.config import DISAGGREGATION_MODES, CacheConfig, SchedulerConfig, Setting, setting_refusal
 
 
 class SchedulerProtocol:
@@ -33,7 +33,7 @@ class SchedulerProtocol:
 
     # the server settings whose scheduler bookkeeping it drives: per `SERVER_SETTINGS` field,
     # the values it takes (a field not named: every value)
-    settings_taken: Dict[str, Tuple[str, ...]] = {"mamba_strategy": ("no_buffer",), "event_loop": ("normal",)}
+    settings_taken: Dict[str, Tuple[Setting, ...]] = {"mamba_strategy": ("no_buffer",), "event_loop": ("normal",), "page_size": (1,)}
 
     @classmethod
     def refusal(

@@ -36,7 +36,7 @@ from harness.operations import OperationError
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.scheduler_mirror import mirror_class
 from harness.real_scheduler import real_scheduler_class
-from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, CacheConfig, SchedulerConfig
+from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, PAGE_SIZES, CacheConfig, SchedulerConfig
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
 RESET_TURNS = 8
@@ -139,7 +139,7 @@ class RealSchedulerProtocol(SchedulerProtocol):
     name = "scheduler"
     operations = ("arrive", "iterate", "abort", "flush")
     disaggregation_modes = ("null",)  # the disaggregation bootstrap and transfer queues are not built
-    settings_taken = {"mamba_strategy": MAMBA_STRATEGIES, "event_loop": EVENT_LOOPS}
+    settings_taken = {"mamba_strategy": MAMBA_STRATEGIES, "event_loop": EVENT_LOOPS, "page_size": PAGE_SIZES}
 
     @classmethod
     def title(cls) -> str:

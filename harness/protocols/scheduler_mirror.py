@@ -20,6 +20,7 @@ does the same): only the outermost call is mirrored.
                                       computed for it (never SGLang's own count)
   Req.reset_for_retract()             the twin forgets its prefix, node and Mamba slot
   allocator alloc/free/free groups/clear, the Mamba allocator's alloc/free/allocation groups,
+  (paged) alloc_extend/alloc_decode/free_segment/free_page_ids
   the request pool's alloc(reqs)/free(req)/clear     the model's pool calls
 
 Each SGLang `Req` has a `ModelReq` twin, made at its first mirrored call. What a request's row
@@ -84,6 +85,7 @@ class ModelMirror:
         for obj, name, twin in (
             *((tree, name, twin) for name, twin in self.tree_calls()),
             (kv, "alloc", self._kv_alloc),
+            *((kv, name, twin) for name, twin in self.paged_calls() if hasattr(kv, name)),
             (kv, "free", self._kv_free),
             (kv, "free_group_begin", self._free_group_begin),
             (kv, "free_group_end", self._free_group_end),
@@ -288,10 +290,44 @@ class ModelMirror:
         want = self.caches.model.kv_alloc(n)
         self.caches.agree(f"token_to_kv_pool_allocator.alloc({n})", "the slots handed out", None if got is None else got.tolist(), want)
 
+    def paged_calls(self) -> Tuple[Tuple[str, Twin], ...]:
+        """The allocator's calls beyond `alloc` and `free` (the paged allocator's; page size 1's
+        where the release has them)."""
+        return (("alloc_extend", self._kv_alloc_extend), ("alloc_decode", self._kv_alloc_decode),
+                ("free_segment", self._kv_free_segment), ("free_page_ids", self._kv_free_page_ids))
+
+    def _kv_alloc_extend(self, prefix_lens: Any, prefix_lens_cpu: Any, seq_lens: Any, seq_lens_cpu: Any, last_loc: Any,
+                         *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
+        prefix, seq, last = prefix_lens_cpu.tolist(), seq_lens_cpu.tolist(), last_loc.tolist()
+        got = yield
+        want = self.caches.model.kv_alloc_extend(prefix, seq, last)
+        call = f"token_to_kv_pool_allocator.alloc_extend(prefix_lens={prefix}, seq_lens={seq}, last_loc={last})"
+        self.caches.agree(call, "the slots handed out", None if got is None else got.tolist(), want)
+
+    def _kv_alloc_decode(self, seq_lens: Any, seq_lens_cpu: Any, last_loc: Any) -> Generator[None, Any, None]:
+        seq, last = seq_lens_cpu.tolist(), last_loc.tolist()
+        got = yield
+        want = self.caches.model.kv_alloc_decode(seq, last)
+        call = f"token_to_kv_pool_allocator.alloc_decode(seq_lens={seq}, last_loc={last})"
+        self.caches.agree(call, "the slots handed out", None if got is None else got.tolist(), want)
+
     def _kv_free(self, index: Any) -> Generator[None, Any, None]:
+        """Slots by index: paged, the pages they lie on in page order (`torch.unique`)."""
+        slots = index.reshape(-1).tolist()
+        yield
+        model = self.caches.model
+        model.free_kv(slots if model.page_size == 1 else sorted(slots))
+
+    def _kv_free_segment(self, index: Any, *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
+        """A row's segment: each page it lies on once, in the row's order."""
         slots = index.reshape(-1).tolist()
         yield
         self.caches.model.free_kv(slots)
+
+    def _kv_free_page_ids(self, page_ids: Any) -> Generator[None, Any, None]:
+        pages = page_ids.reshape(-1).tolist()
+        yield
+        self.caches.model.free_pages(pages)
 
     def _free_group_begin(self) -> Generator[None, Any, None]:
         yield
