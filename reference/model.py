@@ -3,7 +3,8 @@
 A node is named by its *path*: `(extra_key, tokens)` with `tokens` every token from the root to
 the node's end. Parent, children, segments and LRU order are all derived from the dict, never
 stored. The pools are FIFO free lists, so the model predicts the exact slots every call hands
-out. Each rule is marked with a `# rule:` line.
+out; with paged KV, the layout of every slot it hands out (which free page is next is the
+allocator's to pick). Each rule is marked with a `# rule:` line.
 
 The model states the cache's contract, not any release's code: where SGLang 0.5.4 does otherwise
 by mistake (a request finished with no output token caches one token too few and leaks its KV
@@ -463,21 +464,43 @@ class ReferenceCache:
         del free[:n]
         return out
 
-    def kv_alloc(self, n: int) -> Optional[List[int]]:
-        """rule: `n` slots (whole pages when paged) off the head of the free list."""
-        return self._take(self.kv_free, n)
+    def kv_alloc(self, n: int, chosen: Optional[Sequence[int]] = None) -> Optional[List[int]]:
+        """rule: `n` slots off the head of the free list; paged, `n // page_size` whole pages,
+        the head's or the free pages `chosen`."""
+        if self.page_size == 1:
+            return self._take(self.kv_free, n)
+        return self._take_pages(n // self.page_size, chosen)
 
     def _page_slots(self, pages: Sequence[int]) -> List[int]:
         return [page * self.page_size + i for page in pages for i in range(self.page_size)]
 
-    def kv_alloc_extend(self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_locs: Sequence[int]) -> Optional[List[int]]:
+    def _take_pages(self, n: int, chosen: Optional[Sequence[int]]) -> Optional[List[int]]:
+        """`n` pages off the free list: the head's, or the `chosen` ones (None unless all are
+        free and there are `n`)."""
+        if chosen is None:
+            return self._take(self.kv_free, n * self.page_size)
+        free = set(self.kv_free)
+        slots = self._page_slots(chosen)
+        if len(chosen) != n or len(set(chosen)) != n or not free.issuperset(slots):
+            return None
+        taken = set(slots)
+        self.kv_free = [s for s in self.kv_free if s not in taken]
+        return slots
+
+    def kv_alloc_extend(
+        self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_locs: Sequence[int], chosen: Optional[Sequence[int]] = None
+    ) -> Optional[List[int]]:
         """rule (paged): each request of a batch extends from `prefix_len` to `seq_len` tokens,
-        first into the rest of its last page (after the slot `last_loc`), then into new pages
-        off the head of the free list, the batch's requests in order; nothing (and no change)
-        when the new pages are more than the free ones."""
+        first into the rest of its last page (after the slot `last_loc`), then into new pages,
+        whole pages from their first slot, the batch's requests in order: off the head of the free
+        list, or the free pages `chosen` (which free page is the allocator's to pick); nothing
+        (and no change) when the new pages are more than the free ones."""
         ps = self.page_size
         need = [-(-seq // ps) - -(-prefix // ps) for prefix, seq in zip(prefix_lens, seq_lens)]
         if sum(need) * ps > len(self.kv_free):
+            return None
+        fresh = self._take_pages(sum(need), chosen)
+        if fresh is None:
             return None
         out: List[int] = []
         for prefix, seq, last, pages in zip(prefix_lens, seq_lens, last_locs, need):
@@ -485,21 +508,26 @@ class ReferenceCache:
             if in_last_page:
                 self.note("extend into a partial page")
             out.extend(range(last + 1, last + 1 + in_last_page))
-            fresh = self._take(self.kv_free, pages * ps) or []
-            out.extend(fresh[: seq - prefix - in_last_page])
+            mine, fresh = fresh[: pages * ps], fresh[pages * ps :]
+            out.extend(mine[: seq - prefix - in_last_page])
         return out
 
-    def kv_alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> Optional[List[int]]:
+    def kv_alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int], chosen: Optional[Sequence[int]] = None) -> Optional[List[int]]:
         """rule (paged): each request of a decode batch takes the slot after `last_loc`, or the
-        first slot of a new page off the head of the free list when its new token starts one;
-        nothing (and no change) when those pages are more than the free ones."""
+        first slot of a new page when its new token starts one (off the head of the free list,
+        or the free pages `chosen`, in the batch's order); nothing (and no change) when those
+        pages are more than the free ones."""
         ps = self.page_size
         starts = [(seq - 1) % ps == 0 for seq in seq_lens]
         if sum(starts) * ps > len(self.kv_free):
             return None
+        fresh = self._take_pages(sum(starts), chosen)
+        if fresh is None:
+            return None
         if any(starts):
             self.note("decode starts a page")
-        return [self._take(self.kv_free, ps)[0] if starts[i] else last + 1 for i, last in enumerate(last_locs)]
+        firsts = iter(fresh[::ps])
+        return [next(firsts) if start else last + 1 for start, last in zip(starts, last_locs)]
 
     def free_kv(self, slots: Sequence[int]) -> None:
         """rule: freed slots go to the tail; paged, the pages they lie on go to the head, each

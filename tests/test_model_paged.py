@@ -66,3 +66,11 @@ def test_a_free_group_frees_its_slots_pages_then_its_page_ids_when_it_ends():
     assert m.kv_free == []
     m.free_group_end()
     assert m.kv_free == [12, 13, 14, 15, 4, 5, 6, 7]
+
+
+def test_which_free_pages_an_allocation_takes_is_the_allocators_but_they_must_be_free():
+    m = model(kv_size=16)
+    assert m.kv_alloc_extend([0], [5], [-1], chosen=[3, 1]) == [12, 13, 14, 15, 4]
+    assert sorted(m.kv_free) == list(range(8, 12)) + list(range(16, 20))
+    assert m.kv_alloc_decode([5], [7], chosen=[1]) is None  # page 1 is not free: the model hands out nothing
+    assert m.kv_alloc(4, chosen=[4]) == [16, 17, 18, 19] and m.kv_alloc(4, chosen=[4]) is None

@@ -36,6 +36,7 @@ from harness.operations import OperationError
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.scheduler_mirror import mirror_class
 from harness.real_scheduler import real_scheduler_class
+from reference import ReferenceCache
 from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, PAGE_SIZES, CacheConfig, SchedulerConfig
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
@@ -117,17 +118,25 @@ def _reset(runtime: Any) -> bool:
     try:
         for req in runtime.live_requests():
             runtime.abort(req.rid)
+        cut = runtime.cut
         for _ in range(RESET_TURNS):
             if not runtime.live_requests():
-                break
+                runtime.flush()  # refused while a batch's results wait (the overlap loop): a turn more
+                if cut.sizes() == (0, 0, 0, 0) and _as_built(cut):
+                    break
             runtime.turn()
-        runtime.flush()
         runtime.restart_counters()
-        cut = runtime.cut
         cut.wipe_data()
-        return not runtime.live_requests() and cut.sizes() == (0, 0, 0, 0) and cut.all_free()
+        return not runtime.live_requests() and cut.sizes() == (0, 0, 0, 0) and _as_built(cut)
     except Exception:  # a scheduler a failed program left broken: built anew
         return False
+
+
+def _as_built(cut: CacheUnderTest) -> bool:
+    """Whether every pool's free list is what a fresh build has (a flush clears the pools)."""
+    c = cut.config
+    fresh = ReferenceCache(c.kv_size, c.mamba_size, c.req_size, cut.rules, c.tracking_slots, c.page_size)
+    return (cut.kv_free_slots(), cut.mamba_free_slots(), cut.req_free_slots()) == (fresh.kv_free, fresh.mamba_free, fresh.req_free)
 
 
 RUNTIMES = Runtimes()

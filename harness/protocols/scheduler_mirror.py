@@ -285,9 +285,17 @@ class ModelMirror:
 
     # ----- the pools' calls -------------------------------------------------------------------
 
+    def _chosen_pages(self, got: Any) -> Optional[List[int]]:
+        """Paged: the new pages the allocator picked (each starts at its first slot), in the
+        order it handed them out; which free page it picks is its own business."""
+        ps = self.caches.model.page_size
+        if ps == 1 or got is None:
+            return None
+        return [s // ps for s in got.tolist() if s % ps == 0]
+
     def _kv_alloc(self, n: int, *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
         got = yield
-        want = self.caches.model.kv_alloc(n)
+        want = self.caches.model.kv_alloc(n, self._chosen_pages(got))
         self.caches.agree(f"token_to_kv_pool_allocator.alloc({n})", "the slots handed out", None if got is None else got.tolist(), want)
 
     def paged_calls(self) -> Tuple[Tuple[str, Twin], ...]:
@@ -300,14 +308,14 @@ class ModelMirror:
                          *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
         prefix, seq, last = prefix_lens_cpu.tolist(), seq_lens_cpu.tolist(), last_loc.tolist()
         got = yield
-        want = self.caches.model.kv_alloc_extend(prefix, seq, last)
+        want = self.caches.model.kv_alloc_extend(prefix, seq, last, self._chosen_pages(got))
         call = f"token_to_kv_pool_allocator.alloc_extend(prefix_lens={prefix}, seq_lens={seq}, last_loc={last})"
         self.caches.agree(call, "the slots handed out", None if got is None else got.tolist(), want)
 
     def _kv_alloc_decode(self, seq_lens: Any, seq_lens_cpu: Any, last_loc: Any) -> Generator[None, Any, None]:
         seq, last = seq_lens_cpu.tolist(), last_loc.tolist()
         got = yield
-        want = self.caches.model.kv_alloc_decode(seq, last)
+        want = self.caches.model.kv_alloc_decode(seq, last, self._chosen_pages(got))
         call = f"token_to_kv_pool_allocator.alloc_decode(seq_lens={seq}, last_loc={last})"
         self.caches.agree(call, "the slots handed out", None if got is None else got.tolist(), want)
 

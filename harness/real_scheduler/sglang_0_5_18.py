@@ -7,7 +7,7 @@ adapter of their era reads them (`harness.caches.sglang_unified_0_5_17`)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 from packaging.version import Version
 
@@ -24,12 +24,40 @@ class StandInWorker(sglang_0_5_19.StandInWorker):
 class RealScheduler(sglang_0_5_19.RealScheduler):
     worker_class = StandInWorker
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        # 0.5.16, 0.5.17: the decode checkpoints written, not yet learned of
+        self._unlearned: List[Tuple[Any, int, int]] = []
+        super().__init__(*args, **kwargs)
+
     @property
-    def decode_checkpoints_known_at_launch(self) -> bool:
+    def learns_by_committed_length(self) -> bool:
         """0.5.16's and 0.5.17's result processing takes a decode's checkpoint length from the
-        request's committed length, which under the overlap loop already counts the next,
-        launched step (`_mamba_check_track_boundary`; 0.5.18 subtracts the lookahead)."""
+        request's committed length (`_mamba_check_track_boundary`), which under the overlap
+        loop already counts the next, launched step (0.5.18 subtracts the lookahead)."""
         return Version(sglang_version()) < Version("0.5.18")
+
+    def decode_checkpoints_written(self, result: Any, written: List[Tuple[Any, int, int]]) -> None:
+        if self.learns_by_committed_length:
+            self._unlearned.extend(written)
+        else:
+            super().decode_checkpoints_written(result, written)
+
+    def decode_checkpoints_learned(self, batch: Any, result: Any) -> List[Tuple[Any, int, int]]:
+        """0.5.16, 0.5.17: processing a decode batch, each of its requests learns of the
+        checkpoint at its committed length, whichever launched batch wrote it (one launched
+        right after an extend is learned of at the request's next decode result, if any)."""
+        if not self.learns_by_committed_length:
+            return super().decode_checkpoints_learned(batch, result)
+        if not batch.forward_mode.is_decode():
+            return []
+        committed = {req.rid: req.kv_committed_len for req in batch.reqs}
+        learned = [c for c in self._unlearned if committed.get(c[0].rid) == c[2]]
+        self._unlearned = [c for c in self._unlearned if c[0].rid not in committed or c[2] > committed[c[0].rid]]
+        return learned
+
+    def restart_counters(self) -> None:
+        super().restart_counters()
+        self._unlearned.clear()
 
     @staticmethod
     def allow_the_extra_buffer_on_the_host() -> None:

@@ -41,6 +41,7 @@ from harness import digest
 from harness.caches.sglang_loader import load_sglang
 from harness.checks.violation import InvariantViolation
 from harness.operations import sampled_token
+from harness.real_scheduler.host_kernels import run_paged_kernels_on_the_host
 from harness.signature import normalize
 from strategies.config import CacheConfig, SchedulerConfig
 
@@ -227,14 +228,14 @@ class StandInWorker:
                     track, length = checkpoints[i]
                     cut.write_state(track, values[length - 1])
                     self.owner.tracked[track] = (req.rid, length)
-                    if extend or self.owner.decode_checkpoints_known_at_launch:
+                    if extend:
                         self.owner.on_track(req, track, length)
                     else:
                         written.append((req, track, length))
             self.owner.computed[req.rid] = Computed(cut.req_slot_of(req), slot, max(end, start))
         next_tokens = [sampled_token(self.owner.sampled, i) for i in range(len(batch.reqs))]
         result = GenerationBatchResult(next_token_ids=torch.tensor(next_tokens, dtype=torch.int64), can_run_cuda_graph=False)
-        result.harness_checkpoints = written
+        self.owner.decode_checkpoints_written(result, written)
         return result
 
     @staticmethod
@@ -391,7 +392,6 @@ class RealScheduler:
     # when the scheduler learns a decode checkpoint's length (`mamba_last_track_seqlen`): as it
     # processes the batch's results, the overlap loop's lookahead subtracted (0.5.18 on); else
     # as soon as the batch is built (a request's committed length counts the launched step)
-    decode_checkpoints_known_at_launch = False
 
     def __init__(self, cut: Any, config: CacheConfig, scheduler_config: SchedulerConfig = SchedulerConfig()):
         if scheduler_config.disaggregation_mode != "null":
@@ -463,7 +463,7 @@ class RealScheduler:
                 # the checkpoints a decode batch's forward pass wrote are the scheduler's to
                 # know from when it processes the batch's results (`mamba_last_track_seqlen`
                 # set there; under the overlap loop after the next batch is launched)
-                for req, slot, length in getattr(result, "harness_checkpoints", ()):
+                for req, slot, length in owner.decode_checkpoints_learned(batch, result):
                     owner.on_track(req, slot, length)
                 return super().process_batch_result(batch, result, *args, **kwargs)
 
@@ -485,6 +485,8 @@ class RealScheduler:
         try:
             if config.mamba_strategy != "no_buffer":
                 self.allow_the_extra_buffer_on_the_host()
+            if config.page_size > 1:
+                run_paged_kernels_on_the_host(config.device)
             for attempt in range(BUILD_TRIES):
                 # the process groups are built once per process: an earlier build's go first
                 if getattr(bootstrap, "_PARALLEL_INITIALISED", False) or torch.distributed.is_initialized():
@@ -542,6 +544,17 @@ class RealScheduler:
     def construct(scheduler_class: type, server_args: Any, port_args: Any) -> Any:
         """The scheduler of rank 0 (its ranks read from the published settings)."""
         return scheduler_class(server_args, port_args)
+
+    @staticmethod
+    def decode_checkpoints_written(result: Any, written: List[Tuple[Any, int, int]]) -> None:
+        """A decode batch's forward pass wrote these checkpoints (request, track slot, length)."""
+        result.harness_checkpoints = written
+
+    @staticmethod
+    def decode_checkpoints_learned(batch: Any, result: Any) -> List[Tuple[Any, int, int]]:
+        """The checkpoints the scheduler learns of processing `batch`'s results: those its own
+        forward pass wrote (`mamba_last_track_seqlen` set there, 0.5.18 on)."""
+        return list(getattr(result, "harness_checkpoints", ()))
 
     @property
     def max_running_requests(self) -> int:
