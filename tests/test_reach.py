@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from harness.caches import ImplCache
-from harness.engines.hypothesis_engine import EXTRA_BUFFER_LABELS, RELEASE_0_5_4_LABELS, REACH_LABELS, machine_for
+from harness.engines.hypothesis_engine import EXTRA_BUFFER_LABELS, PAGED_LABELS, RELEASE_0_5_4_LABELS, REACH_LABELS, machine_for
 from harness.engines.random_engine import ProgramFailed, random_program
 from strategies import SCENARIOS
 from strategies.config import serving
@@ -87,4 +87,31 @@ def test_the_extra_buffer_s_paths_occur_under_the_release_s_own_scheduler(tmp_pa
             random_program(scenario, factory, rng, BUDGET.stateful_step_count, "cpu", str(tmp_path),
                            lambda label: seen.update([label]), protocol="scheduler", set_aside=aside, shrink=False)
     missing = [label for label in EXTRA_BUFFER_LABELS if seen[label] == 0]
+    assert not missing, f"never reached: {missing}; seen: {dict(seen)}"
+
+
+@pytest.mark.sglang
+def test_paged_kv_s_paths_occur_under_the_release_s_own_scheduler(tmp_path):
+    """Pages of 4 and 64 slots: a split at a page boundary, a prompt shorter than a page, a
+    decode starting a page; each reached by seeded random programs, the known findings set
+    aside."""
+    from harness.caches import cache_class, cache_factory, cache_release
+    from harness.caches.sglang_loader import sglang_unavailable
+    from harness.findings import set_aside
+
+    reason = sglang_unavailable()
+    if reason:
+        pytest.skip(reason)
+    factory = cache_factory("sglang-python")
+    if 4 not in cache_class(factory).settings_taken.get("page_size", (1,)):
+        pytest.skip(f"SGLang {cache_release(factory)}'s unified cache is not driven with paged KV")
+    seen = Counter()
+    rng = random.Random(64)
+    aside = set_aside(["all"], cache_release(factory))
+    pages = (serving("extra_buffer", "overlap", 4), serving("extra_buffer", "normal", 4), serving("extra_buffer", "normal", 64))
+    for name in ("chunked", "medium", "large"):
+        for _ in range(PROGRAMS // 3):
+            random_program(replace(SCENARIOS[name], servings=pages), factory, rng, BUDGET.stateful_step_count, "cpu",
+                           str(tmp_path), lambda label: seen.update([label]), protocol="scheduler", set_aside=aside, shrink=False)
+    missing = [label for label in PAGED_LABELS if seen[label] == 0]
     assert not missing, f"never reached: {missing}; seen: {dict(seen)}"

@@ -66,6 +66,10 @@ REACH_LABELS = (
 RELEASE_0_5_4_LABELS = ("cow into an existing slot", "abort of a waiting request holding a Mamba slot")
 # the extra buffer's paths (`--mamba-strategy extra_buffer`), under a release's own scheduler
 EXTRA_BUFFER_LABELS = ("track boundary crossed", "slot donated", "finished with no tracked state", "released without caching")
+# paged KV (page size > 1), under the release's own scheduler (its keys are whole pages with the
+# extra buffer and its extends start on a page, so a key cut to pages or an extend into a partial
+# page, rules of the model, are not among them)
+PAGED_LABELS = ("paged split", "sub-page prompt", "decode starts a page")
 
 PENDING_DIR = os.path.join(PROJECT_ROOT, "tests", "regressions", "pending")
 
