@@ -31,10 +31,9 @@ from harness.checks import (
 )
 from harness.findings import SetAside
 from harness.operations import check_arguments
-from harness.pairing import PairedCaches
+from harness.pairing import PairedCaches, model_as_built
 from harness.protocols import protocol_class, protocol_for
 from harness.signature import INVARIANT, Signature, signature_of
-from reference import ReferenceCache
 from strategies.config import CacheConfig, SchedulerConfig
 
 # the checks by name; a driver may run fewer (to show which one alone catches a seeded bug)
@@ -111,7 +110,7 @@ class Driver:
             raise ValueError(refusal)
         self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
         self.set_aside = set_aside.for_release(self.cut.release)
-        self.model = ReferenceCache(config.kv_size, config.mamba_size, config.req_size, self.cut.rules, config.tracking_slots, config.page_size)
+        self.model = model_as_built(config, self.cut.rules)
         unknown = set(checks) - CHECKS
         if unknown:
             raise ValueError(f"unknown checks {sorted(unknown)}; known: {sorted(CHECKS)}")

@@ -26,9 +26,16 @@ from harness import digest
 from harness.caches.base import CacheUnderTest
 from harness.checks.meaning import wrong_slot
 from harness.checks.violation import InvariantViolation
-from reference import ROOT, ModelMambaExhausted, ModelReq, ReferenceCache
+from reference import ROOT, ModelMambaExhausted, ModelReq, ReferenceCache, Rules
+from strategies.config import CacheConfig
 
 RECENT_NODES = 8
+
+
+def model_as_built(config: CacheConfig, rules: Rules) -> ReferenceCache:
+    """The model of a cache freshly built with `config`'s pools and server settings, under the
+    cache's `rules`."""
+    return ReferenceCache(config.kv_size, config.mamba_size, config.req_size, rules, config.tracking_slots, config.page_size)
 
 
 def sglang_call(name: str) -> Callable:

@@ -211,7 +211,7 @@ def _load_unified_cache(sgl: types.SimpleNamespace) -> None:
 
 
 MAMBA_CACHE_CHUNK_SIZE = 64  # the Mamba cache chunk size SGLang's own test kits pin
-PAGE_SIZE = 1  # what every hybrid Mamba cache the harness builds uses
+PAGE_SIZE = 1  # the page size of every cache built outside a release's own scheduler (which publishes its own)
 
 
 class PublishedServerArgs(types.SimpleNamespace):

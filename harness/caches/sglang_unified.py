@@ -2,9 +2,9 @@
 scheduler builds for hybrid Mamba models (0.5.20's `mem_cache/registry.py`,
 `_create_unified_radix_cache`; the only hybrid cache from 0.5.21 on), as a cache under test.
 
-The pools and the cache are built as the scheduler's build context builds them (page size 1,
-no Mamba extra buffer, no host tier): `HybridReqToTokenPool`, a `TokenToKVPoolAllocator` with no
-KV tensors (`kvcache=None`), and `UnifiedRadixCache(CacheInitParams(tree_components=(FULL,
+The pools and the cache are built as the scheduler's build context builds them (the
+configuration's page size and Mamba strategy, no host tier): `HybridReqToTokenPool`, a
+`TokenToKVPoolAllocator` (paged past page size 1) with no KV tensors (`kvcache=None`), and `UnifiedRadixCache(CacheInitParams(tree_components=(FULL,
 MAMBA)))` on the tree core named by `tree_core` (`python` or `rust`, what
 `SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND` picks in serving). Requests are SGLang's own `Req`.
 

@@ -33,10 +33,10 @@ from harness.caches.base import CacheUnderTest
 from harness.checks.memory import RequestHoldings
 from harness.checks.violation import never
 from harness.operations import OperationError
+from harness.pairing import model_as_built
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.scheduler_mirror import mirror_class
 from harness.real_scheduler import real_scheduler_class
-from reference import ReferenceCache
 from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, PAGE_SIZES, CacheConfig, SchedulerConfig
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
@@ -134,8 +134,7 @@ def _reset(runtime: Any) -> bool:
 
 def _as_built(cut: CacheUnderTest) -> bool:
     """Whether every pool's free list is what a fresh build has (a flush clears the pools)."""
-    c = cut.config
-    fresh = ReferenceCache(c.kv_size, c.mamba_size, c.req_size, cut.rules, c.tracking_slots, c.page_size)
+    fresh = model_as_built(cut.config, cut.rules)
     return (cut.kv_free_slots(), cut.mamba_free_slots(), cut.req_free_slots()) == (fresh.kv_free, fresh.mamba_free, fresh.req_free)
 
 

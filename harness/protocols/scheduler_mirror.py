@@ -302,7 +302,7 @@ class ModelMirror:
         """The allocator's calls beyond `alloc` and `free` (the paged allocator's; page size 1's
         where the release has them)."""
         return (("alloc_extend", self._kv_alloc_extend), ("alloc_decode", self._kv_alloc_decode),
-                ("free_segment", self._kv_free_segment), ("free_page_ids", self._kv_free_page_ids))
+                ("free_segment", self._kv_free), ("free_page_ids", self._kv_free_page_ids))
 
     def _kv_alloc_extend(self, prefix_lens: Any, prefix_lens_cpu: Any, seq_lens: Any, seq_lens_cpu: Any, last_loc: Any,
                          *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
@@ -319,15 +319,9 @@ class ModelMirror:
         call = f"token_to_kv_pool_allocator.alloc_decode(seq_lens={seq}, last_loc={last})"
         self.caches.agree(call, "the slots handed out", None if got is None else got.tolist(), want)
 
-    def _kv_free(self, index: Any) -> Generator[None, Any, None]:
-        """Slots by index: paged, the pages they lie on in page order (`torch.unique`)."""
-        slots = index.reshape(-1).tolist()
-        yield
-        model = self.caches.model
-        model.free_kv(slots if model.page_size == 1 else sorted(slots))
-
-    def _kv_free_segment(self, index: Any, *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
-        """A row's segment: each page it lies on once, in the row's order."""
+    def _kv_free(self, index: Any, *args: Any, **kwargs: Any) -> Generator[None, Any, None]:
+        """Slots by index, or a row's segment (`free_segment`): paged, the pages they lie on
+        (in what order the allocator keeps its free pages is its own)."""
         slots = index.reshape(-1).tolist()
         yield
         self.caches.model.free_kv(slots)

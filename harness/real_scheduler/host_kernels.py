@@ -64,8 +64,8 @@ def run_paged_kernels_on_the_host(device: str) -> None:
     platform (no `use_triton_kernels`) launches the stand-ins instead; a no-op elsewhere."""
     from sglang.srt.mem_cache.allocator import paged
 
-    if torch.device(device).type != "cpu" or hasattr(paged.PagedTokenToKVPoolAllocator, "use_triton_kernels") \
-            or "use_triton_kernels" in paged.PagedTokenToKVPoolAllocator.__init__.__code__.co_names:
+    picks_itself = "use_triton_kernels" in paged.PagedTokenToKVPoolAllocator.__init__.__code__.co_names
+    if torch.device(device).type != "cpu" or picks_itself:
         return
     paged.alloc_extend_kernel = host_extend_kernel(paged.alloc_extend_naive)
     paged.alloc_decode_kernel = host_decode_kernel()

@@ -389,9 +389,6 @@ class RealScheduler:
     worker_class = StandInWorker
     # the loop's call that takes in what arrived: a turn ends at its second call
     INGEST = "ingest_requests"
-    # when the scheduler learns a decode checkpoint's length (`mamba_last_track_seqlen`): as it
-    # processes the batch's results, the overlap loop's lookahead subtracted (0.5.18 on); else
-    # as soon as the batch is built (a request's committed length counts the launched step)
 
     def __init__(self, cut: Any, config: CacheConfig, scheduler_config: SchedulerConfig = SchedulerConfig()):
         if scheduler_config.disaggregation_mode != "null":
