@@ -259,6 +259,35 @@ class OverlapCheckpointOverwritten(KnownFinding):
         return len(args["tokens"]) % interval == interval - 1
 
 
+class OverlapLastBoundaryFlippedTwice(KnownFinding):
+    name = "overlap-last-boundary-flipped-twice"
+    releases = release_range("0.5.16", "0.5.17")
+    in_scheduler = True
+    check = "trees_equal"
+    summary = (
+        "with the extra buffer under the overlap loop, a request whose last decode step lands on a track boundary "
+        "(its final length less one a multiple of the interval, by max_new_tokens or by sampling EOS there) flips "
+        "its ping-pong index twice: the result of the decode before is processed with the boundary step launched "
+        "(kv_committed_len counts it), and the boundary step's own result is processed with nothing launched after "
+        "it, so kv_committed_len is the same boundary again (batch_result_processor._mamba_check_track_boundary; "
+        "0.5.18 subtracts the lookahead). Finishing, the request gives the tree the other track slot, one the "
+        "forward pass never wrote for it (a cleared slot, or another request's old state), under the boundary's key"
+    )
+    set_aside = ("no EOS sampled (requests end at their max_new_tokens), and with the extra buffer under the overlap "
+                 "loop no request whose last decode lands on a track boundary (an abort can still reach it)")
+    marks = ("node's Mamba slot",)
+
+    def settings(self, scheduler: SchedulerConfig) -> SchedulerConfig:
+        return replace(scheduler, eos_token_id=SchedulerConfig.eos_token_id)
+
+    def avoids(self, op: str, args: Dict[str, Any], driver: Any) -> bool:
+        config, interval = driver.config, driver.scheduler.mamba_track_interval
+        if op != "arrive" or config.mamba_strategy != "extra_buffer" or config.event_loop != "overlap":
+            return False
+        last_decode = len(args["tokens"]) + args["max_new_tokens"] - 1
+        return args["max_new_tokens"] > 1 and last_decode % interval == 0
+
+
 KNOWN_FINDINGS: Dict[str, KnownFinding] = {
     f.name: f
     for f in (
@@ -273,6 +302,7 @@ KNOWN_FINDINGS: Dict[str, KnownFinding] = {
         IdleSanityCheckLruOrder(),
         AbortWaitingLeaksMambaSlot(),
         OverlapCheckpointOverwritten(),
+        OverlapLastBoundaryFlippedTwice(),
     )
 }
 

@@ -1,7 +1,7 @@
 """`RealScheduler` for SGLang 0.5.17 and 0.5.18: 0.5.19's, with the server settings handed to
 the model runner's n-gram embedding manager (`NgramEmbeddingManager.from_model(server_args=...)`;
 0.5.19 reads them from the runtime context), their extra-buffer validation opened on the host as
-`ServerArgs` runs it. Their requests keep their slots on themselves
+`ServerArgs` runs it, their backend's checkpoint grid the larger of the Mamba chunk and the page. Their requests keep their slots on themselves
 (`req.req_pool_idx`, `req.mamba_pool_idx`, `req.kv` only the allocated length): the cache
 adapter of their era reads them (`harness.caches.sglang_unified_0_5_17`)."""
 
@@ -19,6 +19,17 @@ class StandInWorker(sglang_0_5_19.StandInWorker):
     @staticmethod
     def ngram_settings(scheduler: Any) -> Dict[str, Any]:
         return {"server_args": scheduler.server_args}
+
+    @staticmethod
+    def state_chunk_grid() -> int:
+        """0.5.16 .. 0.5.18's backend checkpoints an extend on the grid of
+        `mamba_cache_chunk_size`, the larger of the model's Mamba chunk and the page (0.5.19 on:
+        the model's chunk alone), read from the release as its `_init_track_ssm_indices` reads it."""
+        from sglang.srt.layers.attention import hybrid_linear_attn_backend as backend
+
+        if hasattr(backend, "mamba_cache_chunk_size"):
+            return backend.mamba_cache_chunk_size()
+        return backend.get_server_args().mamba_cache_chunk_size
 
 
 class RealScheduler(sglang_0_5_19.RealScheduler):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -257,24 +258,31 @@ class StandInWorker:
         `hybrid_linear_attn_backend._init_track_ssm_indices`, the gated-delta path), per row of
         the batch its mask selects: (track slot, how many tokens the state written there is
         of). On an extend, with `lens` the row's `mamba_track_seqlens` past its prefix: the
-        extend's final state when `lens` is a whole number of Mamba chunks, else the state
-        after the last whole chunk of `lens` (the kernel's intermediate `h`); on a decode, the
-        state after the step."""
+        extend's final state when `lens` is a whole number of chunks of `state_chunk_grid`,
+        else the state after the last whole chunk of `lens` (the kernel's intermediate `h`);
+        on a decode, the state after the step."""
         mask = getattr(batch, "mamba_track_mask", None)
         if mask is None or batch.mamba_track_indices is None:
             return {}
         chosen, slots = mask.tolist(), batch.mamba_track_indices.tolist()
         seqlens = batch.mamba_track_seqlens.tolist() if extend else None
         translate = self.owner.cut.req_pool.translate_mamba_indices
+        grid = self.state_chunk_grid()
         out = {}
         for i, (_, _, start, end, _) in enumerate(computed):
             if not chosen[i] or slots[i] < 0:
                 continue
             length = end
-            if extend and (seqlens[i] - start) % MAMBA_CHUNK:
-                length = start + (seqlens[i] - start) // MAMBA_CHUNK * MAMBA_CHUNK
+            if extend and (seqlens[i] - start) % grid:
+                length = start + (seqlens[i] - start) // grid * grid
             out[i] = (int(translate(torch.tensor([slots[i]]))[0]), length)
         return out
+
+    @staticmethod
+    def state_chunk_grid() -> int:
+        """The chunk grid the backend's checkpoint of an extend falls on (0.5.19 on: the
+        model's `mamba_chunk_size`, `HybridLinearAttnBackend.mamba_chunk_size`)."""
+        return MAMBA_CHUNK
 
     @staticmethod
     def extend_range(req: Any) -> Tuple[int, int]:
@@ -318,6 +326,15 @@ class StandInWorker:
                 f"which holds {got}, not the digest of {list(tokens[:start])} ({want})",
                 "resumed Mamba state",
             )
+
+
+def _each_once(reqs: Sequence[Any]) -> List[Any]:
+    """`reqs` without None and without repeats, in order."""
+    found: Dict[int, Any] = {}
+    for req in reqs:
+        if req is not None:
+            found.setdefault(id(req), req)
+    return list(found.values())
 
 
 def answering_while_it_runs(owner: Any, method: str, module: Any, name: str, answer: Callable[[Any], Any]) -> None:
@@ -642,20 +659,30 @@ class RealScheduler:
         rid, length = self.tracked.get(slot, (None, None))
         return length if rid == req.rid else None
 
-    def held_requests(self) -> List[Any]:
-        """Every request the scheduler still refers to (waiting, running, being chunked, in the
+    def scheduled_requests(self) -> List[Any]:
+        """Every request the scheduler schedules from (waiting, running, being chunked, in the
         last batch, a batch's record of the request it chunked), each once, finished or not."""
         s = self.scheduler
-        found: Dict[int, Any] = {}
         batches = [b for b in (s.running_batch, s.last_batch) if b is not None]
-        for req in list(s.waiting_queue) + [r for b in batches for r in (*b.reqs, b.chunked_req)] + [s.chunked_req]:
-            if req is not None:
-                found.setdefault(id(req), req)
-        return list(found.values())
+        return _each_once(list(s.waiting_queue) + [r for b in batches for r in (*b.reqs, b.chunked_req)] + [s.chunked_req])
+
+    def held_requests(self) -> List[Any]:
+        """Every request the scheduler still refers to: those it schedules from and those of the
+        overlap loop's record of its last two launched batches (`record_batch_in_overlap` pins
+        each batch, with its fields as launched, for two turns so that the forward stream's
+        tensors outlive it: their finished requests, and the nodes they name, live as long)."""
+        recorded = []
+        for record in getattr(self.scheduler, "batch_record_buf", None) or ():
+            if record is None:
+                continue
+            batch, launched = record
+            fields = dict(zip((f.name for f in dataclasses.fields(batch)), launched))
+            recorded += [*(fields.get("reqs") or ()), fields.get("chunked_req")]
+        return _each_once(self.scheduled_requests() + recorded)
 
     def live_requests(self) -> List[Any]:
         """The scheduler's requests not yet released: waiting, running, being chunked, or in the
         last prefill batch not yet merged, each once. A finished request whose KV is released
         holds nothing (the Mamba slot it still names is the one it gave the tree), though it
         stays in the running batch until the next turn filters it out."""
-        return [req for req in self.held_requests() if not (req.finished() and self.cut.kv_released(req))]
+        return [req for req in self.scheduled_requests() if not (req.finished() and self.cut.kv_released(req))]
