@@ -109,7 +109,7 @@ class Driver:
         if refusal:
             raise ValueError(refusal)
         self.cut = protocol_class(protocol).cache_for(cache_factory, config, scheduler)
-        self.set_aside = set_aside.for_release(self.cut.release)
+        self.set_aside = set_aside.for_release(self.cut.release, self.cut.scheduler_release)
         self.model = model_as_built(config, self.cut.rules)
         unknown = set(checks) - CHECKS
         if unknown:

@@ -351,13 +351,21 @@ class SetAside:
         """What is set aside, as `--set-aside` takes it back: finding names, then signature keys."""
         return [f.name for f in self.findings] + list(self.signatures)
 
-    def for_release(self, release: str) -> "SetAside":
+    def for_release(self, release: str, scheduler_release: Optional[str] = None) -> "SetAside":
         """Only the findings of `release` (a trace from one release replayed on another cache
-        sets nothing aside there), unless they are set aside on every release; the signatures
-        stay (they were found on the cache under test)."""
+        sets nothing aside there), and the scheduler's of `scheduler_release` when that
+        release's scheduler drives the cache, unless they are set aside on every release; the
+        signatures stay (they were found on the cache under test)."""
         if self.every_release:
             return self
-        return SetAside((f for f in self.findings if f.meets(release)), signatures=self.signatures.values())
+        return SetAside((f for f in self.findings if _meets(f, release, scheduler_release)), signatures=self.signatures.values())
+
+
+def _meets(finding: KnownFinding, release: str, scheduler_release: Optional[str]) -> bool:
+    """Whether a run of code of `release`, driven by `scheduler_release`'s scheduler when that
+    is another's, can meet `finding`: one of `release`, or a fault of that scheduler."""
+    in_scheduler = finding.in_scheduler and scheduler_release is not None and finding.meets(scheduler_release)
+    return finding.meets(release) or in_scheduler
 
 
 def candidate_findings(signature: Signature, release: str) -> List[KnownFinding]:
@@ -370,16 +378,17 @@ def is_signature_text(name: str) -> bool:
     return " | " in name
 
 
-def set_aside(names: Sequence[str], release: str) -> SetAside:
-    """What `--set-aside` names: known findings (`all`: every known finding of `release`) and
-    failure signatures (`check | what ...`, as a fuzz prints them; a trace file's is read by
-    `harness.trace.set_aside_names`). ValueError naming an unknown finding, one not found in
-    `release`, or a signature that does not parse."""
+def set_aside(names: Sequence[str], release: str, scheduler_release: Optional[str] = None) -> SetAside:
+    """What `--set-aside` names: known findings (`all`: every known finding of `release`, and of
+    `scheduler_release`'s scheduler when that release's scheduler drives a cache of another:
+    impl's tree inside it) and failure signatures (`check | what ...`, as a fuzz prints them; a
+    trace file's is read by `harness.trace.set_aside_names`). ValueError naming an unknown
+    finding, one not found in `release`, or a signature that does not parse."""
     chosen: List[KnownFinding] = []
     signatures: List[Signature] = []
     for name in names:
         if name == "all":
-            chosen += [f for f in KNOWN_FINDINGS.values() if f.meets(release) and f not in chosen]
+            chosen += [f for f in KNOWN_FINDINGS.values() if _meets(f, release, scheduler_release) and f not in chosen]
         elif is_signature_text(name):
             signatures.append(parse_key(name))
         else:
@@ -389,7 +398,7 @@ def set_aside(names: Sequence[str], release: str) -> SetAside:
                     f"--set-aside: unknown finding {name!r}; known: {sorted(KNOWN_FINDINGS)}, 'all', a trace file "
                     f"(.json) or a failure signature ('check | what ...')"
                 )
-            if not finding.meets(release):
+            if not _meets(finding, release, scheduler_release):
                 raise ValueError(f"--set-aside {name}: affects {finding.releases[0]} .. {finding.releases[-1]}, not the release under test ({release})")
             chosen.append(finding)
     return SetAside(chosen, signatures=signatures)

@@ -16,7 +16,7 @@ import torch
 from impl.errors import CacheMisuseError, MambaPoolExhaustedError
 from impl.kv_allocator import TokenToKVPoolAllocator
 from impl.lru_list import LRUList
-from impl.radix_key import RadixKey, child_key, shared_length
+from impl.radix_key import RadixKey, child_key, child_key_at, shared_pages
 from impl.req_to_token_pool import HybridReqToTokenPool
 from impl.slot_ledger import is_index_tensor
 from impl.tree_node import TreeNode
@@ -69,10 +69,14 @@ class MambaRadixCache:
         token_to_kv_pool_allocator: TokenToKVPoolAllocator,
         page_size: int = 1,
         disable: bool = False,
+        enable_mamba_extra_buffer: bool = False,
     ):
-        if page_size != 1:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise CacheMisuseError(f"MambaRadixCache page_size must be a positive int, got {page_size!r}")
+        if page_size != 1 and not enable_mamba_extra_buffer:
             raise CacheMisuseError(
-                f"MambaRadixCache supports only page_size=1, got page_size={page_size!r}"
+                f"MambaRadixCache takes page_size={page_size!r} only with enable_mamba_extra_buffer=True "
+                "(a running state is of the whole sequence, not of whole pages)"
             )
         if req_to_token_pool is None or token_to_kv_pool_allocator is None:
             raise CacheMisuseError(
@@ -83,6 +87,9 @@ class MambaRadixCache:
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.disable = disable
+        # the request's state is tracked into ping-pong slots at track boundaries; the tree takes
+        # the tracked state (`mamba_last_track_seqlen`), never the running one
+        self.enable_mamba_extra_buffer = enable_mamba_extra_buffer
         self.device = token_to_kv_pool_allocator.device
         self.reset()
 
@@ -187,6 +194,8 @@ class MambaRadixCache:
         self._check_req(req, "cache_finished_req")
         kv_len = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
         kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
+        if self.enable_mamba_extra_buffer and not self.disable:
+            return self._cache_finished_tracked(req, is_insert, kv_indices)
         if self.disable:
             self.token_to_kv_pool_allocator.free(kv_indices)
             self.req_to_token_pool.free(req.req_pool_idx)
@@ -216,6 +225,8 @@ class MambaRadixCache:
         moves to the node that ends them.
         """
         self._check_req(req, "cache_unfinished_req")
+        if self.enable_mamba_extra_buffer and not self.disable:
+            return self._cache_unfinished_tracked(req)
         if self.disable:
             kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(req.fill_ids)]
             req.prefix_indices = kv_indices
@@ -272,6 +283,111 @@ class MambaRadixCache:
         self.inc_lock_ref(new_last_node)
         self.dec_lock_ref(req.last_node)
         req.prefix_indices = new_indices
+        req.last_node = new_last_node
+
+    # ----- the extra buffer ---------------------------------------------------------------------
+    # With `enable_mamba_extra_buffer` the forward pass checkpoints a request's state into one of
+    # its track slots (`req.mamba_ping_pong_track_buffer`, two under the overlap loop) at track
+    # boundaries, and the scheduler records the length of the latest (`mamba_last_track_seqlen`)
+    # and, for a ping-pong pair, of the one before (`mamba_prev_track_seqlen`). The tree takes a
+    # tracked state, keyed by exactly the tokens it was computed from, never the running state.
+    # The request pool keeps the pair: `get_mamba_ping_pong_keep_idx` (the latest),
+    # `get_mamba_ping_pong_other_idx`, `donate_mamba_ping_pong_slot(req, fresh)` (the latest out,
+    # a fresh slot in its place), `free_mamba_cache(req, mamba_ping_pong_track_buffer_to_keep=)`.
+
+    def _tracked_checkpoint(self, req, n: int) -> Optional[Tuple[int, int]]:
+        """(length, track position) of the tracked state the tree may take for a request's first
+        `n` tokens: the latest if no longer than `n`, else the one before it (a ping-pong pair)
+        if that one is; None when neither is, or when its length is not whole pages (its key
+        cannot be cut to it)."""
+        pool = self.req_to_token_pool
+        latest = req.mamba_last_track_seqlen
+        if latest is None:
+            return None
+        keep = pool.get_mamba_ping_pong_keep_idx(req)
+        picked = None
+        if 0 < latest <= n:
+            picked = latest, keep
+        else:
+            before = req.mamba_prev_track_seqlen
+            if pool.mamba_ping_pong_track_buffer_size == 2 and before is not None and 0 < before <= n:
+                picked = before, pool.get_mamba_ping_pong_other_idx(keep)
+        if picked is None or picked[0] % self.page_size:
+            return None
+        return picked
+
+    def _cache_finished_tracked(self, req, is_insert: bool, kv_indices: torch.Tensor) -> None:
+        """`cache_finished_req` with the extra buffer: the tokens go in as far as the tracked
+        state (`_tracked_checkpoint`), with that track slot; the request's
+        KV past the key and its duplicates are freed, its other states (all of them when the
+        tree had the state already or took none) and its request slot released, its lock too."""
+        prefix_len = len(req.prefix_indices)
+        picked = self._tracked_checkpoint(req, len(kv_indices)) if is_insert else None
+        pool, allocator = self.req_to_token_pool, self.token_to_kv_pool_allocator
+        keep = None
+        if picked is None:
+            allocator.free(kv_indices[prefix_len:])
+        else:
+            length, position = picked
+            tokens = (req.origin_input_ids + req.output_ids)[:length]
+            state = req.mamba_ping_pong_track_buffer[position].reshape(1).to(torch.int64, copy=True)
+            new_prefix_len, exist = self._insert_helper(
+                RadixKey._trusted(tokens, req.extra_key), kv_indices[:length].to(dtype=torch.int64, copy=True), state
+            )[:2]
+            if new_prefix_len > prefix_len:
+                allocator.free(kv_indices[prefix_len:new_prefix_len])
+            allocator.free(kv_indices[max(length, prefix_len):])
+            keep = None if exist else position
+        pool.free_mamba_cache(req, mamba_ping_pong_track_buffer_to_keep=keep)
+        pool.free(req.req_pool_idx, free_mamba_cache=False)
+        req.mamba_last_track_seqlen = req.mamba_prev_track_seqlen = None
+        self.dec_lock_ref(req.last_node)
+
+    def _cache_unfinished_tracked(self, req) -> None:
+        """`cache_unfinished_req` with the extra buffer: with a tracked state
+        (`_tracked_checkpoint`) in the slot the pair donates (its latest), its tokens go in with
+        that slot, donated (a fresh slot, one state evicted if none is free, takes its place in
+        the pair); the request then shares the tree's KV for them and its lock moves to their
+        node. Otherwise nothing goes in. Either way the tracked lengths are forgotten, and
+        `prefix_indices` spells all of `fill_ids`."""
+        token_ids = req.fill_ids if type(req.fill_ids) is list else list(req.fill_ids)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)]
+        picked = self._tracked_checkpoint(req, len(token_ids))
+        req.mamba_last_track_seqlen = req.mamba_prev_track_seqlen = None
+        pool, mamba_pool = self.req_to_token_pool, self.req_to_token_pool.mamba_pool
+        if picked is None or picked[1] != pool.get_mamba_ping_pong_keep_idx(req):
+            req.prefix_indices = row.to(dtype=torch.int64, copy=True)
+            return
+        length = picked[0]
+        fresh = mamba_pool.alloc(1)
+        if fresh is None:
+            self.evict_mamba(1)
+            fresh = mamba_pool.alloc(1)
+            if fresh is None:
+                raise MambaPoolExhaustedError(
+                    f"cache_unfinished_req: no Mamba slot for request {req.rid!r}'s track buffer even "
+                    f"after evicting (pool of {mamba_pool.size}, all states locked)"
+                )
+        donated = pool.donate_mamba_ping_pong_slot(req, fresh).reshape(1).to(torch.int64, copy=True)
+        value = row[:length].to(dtype=torch.int64, copy=True)
+        prefix_len = req.prefix_indices.shape[0]
+        new_prefix_len, mamba_exist, new_last_node, split = self._insert_helper(
+            RadixKey._trusted(token_ids[:length], req.extra_key), value, donated
+        )
+        if new_prefix_len > prefix_len:
+            self.token_to_kv_pool_allocator.free(row[prefix_len:new_prefix_len])
+        if mamba_exist:
+            mamba_pool.free(donated)
+        if split:
+            self._refresh_path(self._path_from(new_last_node))
+        new_indices = torch.cat([node.value for node in reversed(self._path_from(new_last_node))])
+        if new_prefix_len > prefix_len:
+            self.req_to_token_pool.write(
+                (req.req_pool_idx, slice(prefix_len, new_prefix_len)), new_indices[prefix_len:new_prefix_len]
+            )
+        self.inc_lock_ref(new_last_node)
+        self.dec_lock_ref(req.last_node)
+        req.prefix_indices = torch.cat([new_indices, row[len(new_indices):].to(torch.int64)])
         req.last_node = new_last_node
 
     def evict(self, full_num_tokens: int) -> None:
@@ -472,6 +588,10 @@ class MambaRadixCache:
 
     # ----- internals --------------------------------------------------------------------------
 
+    def _whole_pages(self, n: int) -> int:
+        """`n` tokens cut down to whole pages."""
+        return n - n % self.page_size
+
     def _empty_indices(self) -> torch.Tensor:
         return torch.empty((0,), dtype=torch.int64, device=self.device)
 
@@ -531,19 +651,20 @@ class MambaRadixCache:
         req.mamba_pool_idx = dst[0]
 
     def _match_prefix_helper(self, key: RadixKey) -> Tuple[List[torch.Tensor], TreeNode]:
-        tokens, extra, end = key.token_ids, key.extra_key, len(key)
+        ps = self.page_size
+        tokens, extra, end = key.token_ids, key.extra_key, self._whole_pages(len(key))
         node = self.root_node
         value: List[torch.Tensor] = []
         best_value_len = 0
         best_node = node
         pos = 0  # tokens[:pos] are matched; walking by position, no key is sliced
         while pos < end:
-            child = node.children.get(tokens[pos] if extra is None else (extra, tokens[pos]))
+            child = node.children.get(child_key_at(tokens, pos, extra, ps))
             if child is None:
                 break
             if node.mamba_value is not None:
                 best_value_len, best_node = len(value), node
-            prefix_len = shared_length(child.key.token_ids, tokens, pos)
+            prefix_len = shared_pages(child.key.token_ids, tokens, pos, ps)
             if prefix_len < len(child.key):
                 node = self._split_node(child, prefix_len)
                 value.append(node.value)
@@ -571,8 +692,8 @@ class MambaRadixCache:
         upper = TreeNode(next(self._node_ids), child.key[:split_len], child.value[:split_len], parent)
         upper.full_lock_ref = child.full_lock_ref
         lower_key = child.key[split_len:]
-        upper.children[child_key(lower_key)] = child
-        parent.children[child_key(child.key)] = upper
+        upper.children[child_key(lower_key, self.page_size)] = child
+        parent.children[child_key(child.key, self.page_size)] = upper
         child.parent = upper
         child.key = lower_key
         child.value = child.value[split_len:]
@@ -592,8 +713,9 @@ class MambaRadixCache:
         self, key: RadixKey, value: torch.Tensor, mamba_value
     ) -> Tuple[int, bool, TreeNode, bool]:
         """`insert`'s `(prefix_len, mamba_exist)`, the node where `key` now ends, and whether a
-        node was split on the way."""
-        tokens, extra, end = key.token_ids, key.extra_key, len(key)
+        node was split on the way. A key is cut to whole pages (the caller keeps the rest)."""
+        ps = self.page_size
+        tokens, extra, end = key.token_ids, key.extra_key, self._whole_pages(len(key))
         if end == 0:
             return 0, True, self.root_node, False
         node = self.root_node
@@ -601,11 +723,11 @@ class MambaRadixCache:
         walked: List[TreeNode] = []
         split_len = 0  # > 0 when the walk ends inside its last node, which must be split there
         while pos < end:
-            child = node.children.get(tokens[pos] if extra is None else (extra, tokens[pos]))
+            child = node.children.get(child_key_at(tokens, pos, extra, ps))
             if child is None:
                 break
             walked.append(child)
-            prefix_len = shared_length(child.key.token_ids, tokens, pos)
+            prefix_len = shared_pages(child.key.token_ids, tokens, pos, ps)
             pos += prefix_len
             if prefix_len < len(child.key):
                 split_len = prefix_len
@@ -619,10 +741,10 @@ class MambaRadixCache:
             node = self._split_node(walked[0], split_len)
 
         if pos < end:
-            leaf_key = RadixKey._trusted(tokens[pos:], extra)
-            leaf = TreeNode(next(self._node_ids), leaf_key, value[pos:], node)
+            leaf_key = RadixKey._trusted(tokens[pos:end], extra)
+            leaf = TreeNode(next(self._node_ids), leaf_key, value[pos:end], node)
             leaf.mamba_value = mamba_value
-            node.children[child_key(leaf_key)] = leaf
+            node.children[child_key(leaf_key, ps)] = leaf
             self.full_evictable_size_ += leaf.value.numel()
             self.mamba_evictable_size_ += mamba_value.numel()
             self.full_lru_list.insert_mru(leaf)
@@ -663,7 +785,7 @@ class MambaRadixCache:
 
     def _delete_node(self, node: TreeNode, kv_freed: list) -> int:
         """Detach an unlocked childless node (its Mamba state already gone); queue its KV slots."""
-        del node.parent.children[child_key(node.key)]
+        del node.parent.children[child_key(node.key, self.page_size)]
         node.in_tree = False
         self.full_lru_list.remove(node)
         self.full_evictable_size_ -= node.value.numel()

@@ -90,10 +90,22 @@ class RadixKey:
         return f"RadixKey(extra_key={self.extra_key!r}, token_ids={preview}{more})"
 
 
-def child_key(key: RadixKey) -> Hashable:
-    """The dict key under which a node whose segment starts with `key` hangs off its parent."""
-    first = key.token_ids[0]
-    return first if key.extra_key is None else (key.extra_key, first)
+def child_key(key: RadixKey, page_size: int = 1) -> Hashable:
+    """The dict key under which a node whose segment starts with `key` hangs off its parent: its
+    first token (its first page's tokens when paged), with the extra key if it has one."""
+    return child_key_at(key.token_ids, 0, key.extra_key, page_size)
+
+
+def child_key_at(tokens: list[int], pos: int, extra_key: Optional[Hashable], page_size: int = 1) -> Hashable:
+    """`child_key` of the key `tokens[pos:]` (with `extra_key`), without slicing it."""
+    first = tokens[pos] if page_size == 1 else tuple(tokens[pos : pos + page_size])
+    return first if extra_key is None else (extra_key, first)
+
+
+def shared_pages(segment: list[int], tokens: list[int], start: int, page_size: int) -> int:
+    """Number of leading tokens `segment` shares with `tokens[start:]`, in whole pages."""
+    n = shared_length(segment, tokens, start)
+    return n if page_size == 1 else n - n % page_size
 
 
 def shared_length(segment: list[int], tokens: list[int], start: int) -> int:

@@ -12,7 +12,8 @@ class Req:
 
     `fill_ids` are the tokens computed so far (what `cache_unfinished_req` inserts),
     `prefix_indices` the KV slots the request shares with the tree, `last_node` the node it holds
-    a lock on, `req_pool_idx` its request slot, `mamba_pool_idx` its running Mamba slot.
+    a lock on, `req_pool_idx` its request slot, `mamba_pool_idx` its running Mamba slot; with the
+extra buffer, its track slots and the lengths of what they hold.
     """
 
     def __init__(self, rid: Any, origin_input_ids: List[int], extra_key: Optional[Hashable] = None):
@@ -25,6 +26,12 @@ class Req:
         self.mamba_pool_idx: Optional[torch.Tensor] = None
         self.prefix_indices = torch.empty((0,), dtype=torch.int64)
         self.last_node: Any = None
+        # with the extra buffer: the request's track slots (a ping-pong pair under the overlap
+        # loop) and the lengths of the latest checkpoint and the one before, as the scheduler
+        # records them
+        self.mamba_ping_pong_track_buffer: Optional[torch.Tensor] = None
+        self.mamba_last_track_seqlen: Optional[int] = None
+        self.mamba_prev_track_seqlen: Optional[int] = None
 
     def __repr__(self) -> str:
         return (

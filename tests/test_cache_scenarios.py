@@ -508,10 +508,42 @@ def test_radix_key_accepts_integer_like_tokens_and_slices_keep_the_namespace():
     assert "extra_key='x'" in repr(key)
 
 
-def test_page_size_other_than_one_is_refused(device):
+def test_page_size_other_than_one_is_refused_without_the_extra_buffer(device):
     s = Setup(device)
-    with pytest.raises(CacheMisuseError, match=r"page_size=16"):
+    with pytest.raises(CacheMisuseError, match=r"page_size=16 only with enable_mamba_extra_buffer"):
         MambaRadixCache(s.pool, s.kv, page_size=16)
+    with pytest.raises(CacheMisuseError, match=r"page_size must be a positive int, got 0"):
+        MambaRadixCache(s.pool, s.kv, page_size=0, enable_mamba_extra_buffer=True)
+
+
+def paged(device, page_size=4):
+    s = Setup(device)
+    s.cache = MambaRadixCache(s.pool, s.kv, page_size=page_size, enable_mamba_extra_buffer=True)
+    return s
+
+
+def test_paged_insert_takes_whole_pages_and_matches_whole_pages(device):
+    s = paged(device)
+    assert s.insert([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == (0, False)
+    assert s.shape() == {(1, 2, 3, 4, 5, 6, 7, 8): ("M", 0, 0)}  # the partial page stays the caller's
+    assert s.sizes() == (8, 0, 1, 0)
+    whole = s.cache.match_prefix(RadixKey([1, 2, 3, 4, 5, 6, 7, 8, 9]))
+    assert len(whole.device_indices) == 8
+    # a key sharing six tokens of the node splits it after its first page, not inside the second
+    assert s.insert([1, 2, 3, 4, 5, 6, 0, 0]) == (4, False)
+    assert s.shape() == {
+        (1, 2, 3, 4): ("T", 0, 0), (1, 2, 3, 4, 5, 6, 7, 8): ("M", 0, 0), (1, 2, 3, 4, 5, 6, 0, 0): ("M", 0, 0),
+    }
+
+
+def test_paged_children_are_told_apart_by_their_first_page(device):
+    s = paged(device)
+    s.insert([1, 2, 3, 4])
+    s.insert([1, 2, 0, 0])  # the same first token, another first page: a sibling, no split
+    assert s.shape() == {(1, 2, 3, 4): ("M", 0, 0), (1, 2, 0, 0): ("M", 0, 0)}
+    assert len(s.cache.match_prefix(RadixKey([1, 2, 0, 0, 7])).device_indices) == 4
+    assert len(s.cache.match_prefix(RadixKey([1, 2, 3])).device_indices) == 0  # less than a page
+    s.cache.sanity_check()
 
 
 def test_reset_forgets_the_tree(s):

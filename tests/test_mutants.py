@@ -11,13 +11,13 @@ import pytest
 
 from bench.mutants import BY_NAME, MUTANTS, Mutant, MutantError, applied
 from bench.mutants.__main__ import main
-from bench.mutants.hunt import HUNT_ORDER, hunt
+from bench.mutants.hunt import HUNT_ORDER, HuntUnavailable, hunt
 from impl import MambaRadixCache
 
 AREAS = {
     "lock accounting", "LRU refresh order", "node split", "tombstone cascade", "evict loop",
     "evict_mamba internal", "cow_mamba", "chunked prefill", "size counters", "pools",
-    "meaning", "memory", "ownership",
+    "meaning", "memory", "ownership", "extra buffer and pages",
 }
 
 
@@ -68,7 +68,10 @@ def test_a_bad_target_is_refused_naming_it(target, message):
 
 @pytest.mark.parametrize("name", [m.name for m in MUTANTS])
 def test_seeded_bug_is_caught_under_the_ci_profile(name):
-    result = hunt(name, engine="hypothesis", profile="ci", device="cpu")
+    try:
+        result = hunt(name, engine="hypothesis", profile="ci", device="cpu")
+    except HuntUnavailable as why:  # a path only SGLang's own scheduler runs (the extra buffer, pages)
+        pytest.skip(str(why))
     assert result.caught, f"seeded bug {name} survived every configuration of {HUNT_ORDER}"
     # a trace was written and loads; it may hold no operation (a bug visible in the pools as built
     # fails the check before the first step)

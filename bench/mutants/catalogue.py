@@ -7,15 +7,20 @@ a counter updated on one path only, the wrong field tested, a slot freed on the 
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from bench.mutants.patch import Mutant
+from strategies.config import Serving, serving
 
 CACHE = "impl.mamba_radix_cache:MambaRadixCache"
 
 
-def _m(name: str, area: str, target: str, why: str, *edits: Tuple[str, str]) -> Mutant:
-    return Mutant(name=name, area=area, target=target, edits=tuple(edits), why=why)
+def _m(name: str, area: str, target: str, why: str, *edits: Tuple[str, str], serving: Optional[Serving] = None) -> Mutant:
+    return Mutant(name=name, area=area, target=target, edits=tuple(edits), why=why, serving=serving)
+
+
+# SGLang's default serving path, paged: the extra buffer under the overlap loop, pages of 4
+PAGED_EXTRA_BUFFER = serving("extra_buffer", "overlap", 4)
 
 
 MUTANTS: Tuple[Mutant, ...] = (
@@ -67,7 +72,7 @@ MUTANTS: Tuple[Mutant, ...] = (
        ("child.value = child.value[split_len:]", "child.value = child.value[split_len - 1 :]")),
     _m("split-child-under-old-key", "node split", f"{CACHE}._split_node",
        "the lower half hangs off the upper half under its old first token",
-       ("upper.children[child_key(lower_key)] = child", "upper.children[child_key(child.key)] = child")),
+       ("upper.children[child_key(lower_key, self.page_size)] = child", "upper.children[child_key(child.key, self.page_size)] = child")),
     _m("match-no-split-at-key-end", "node split", f"{CACHE}._match_prefix_helper",
        "a key ending inside a node takes the whole node instead of splitting it",
        ("if prefix_len < len(child.key):", "if prefix_len < end - pos:")),
@@ -226,6 +231,27 @@ MUTANTS: Tuple[Mutant, ...] = (
     _m("fork-views-free-list", "ownership", f"{CACHE}.cache_unfinished_req",
        "a chunk's node keeps the fork as the pool handed it out, a view of the pool's free list",
        ("self._insert_helper(key, value, forked.clone())", "self._insert_helper(key, value, forked)")),
+    # ----- the extra buffer and pages (hunted inside SGLang's own scheduler) ------------------
+    _m("page-child-by-first-token", "extra buffer and pages", "impl.radix_key:child_key_at",
+       "paged, a node's children are told apart by their first token, not their first page: a child whose "
+       "first page differs from another's after its first token replaces it",
+       ("first = tokens[pos] if page_size == 1 else tuple(tokens[pos : pos + page_size])", "first = tokens[pos]"),
+       serving=PAGED_EXTRA_BUFFER),
+    _m("finished-takes-the-other-track-slot", "extra buffer and pages", f"{CACHE}._cache_finished_tracked",
+       "a finished request gives the tree the other slot of its ping-pong pair, not the one holding the "
+       "checkpoint it keys",
+       ("state = req.mamba_ping_pong_track_buffer[position]",
+        "state = req.mamba_ping_pong_track_buffer[self.req_to_token_pool.get_mamba_ping_pong_other_idx(position)]"),
+       serving=PAGED_EXTRA_BUFFER),
+    _m("donation-keeps-track-slot", "extra buffer and pages", f"{CACHE}._cache_unfinished_tracked",
+       "a running request's tracked state goes into the tree while the request keeps the slot in its pair "
+       "(the fresh slot is never put in): the tree's state is overwritten at the next boundary",
+       ("donated = pool.donate_mamba_ping_pong_slot(req, fresh).reshape(1)",
+        "mamba_pool.free(fresh)\n        donated = req.mamba_ping_pong_track_buffer[picked[1]].reshape(1)"),
+       serving=PAGED_EXTRA_BUFFER),
+    _m("finished-frees-donated-state", "extra buffer and pages", f"{CACHE}._cache_finished_tracked",
+       "a finished request frees every track slot, the one the tree just took too",
+       ("            keep = None if exist else position\n", ""), serving=PAGED_EXTRA_BUFFER),
 )
 
 BY_NAME: Dict[str, Mutant] = {m.name: m for m in MUTANTS}

@@ -16,15 +16,24 @@ import random
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import FrozenSet, List, Optional, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+
+import impl
 
 from bench import markdown_table, write_json
 from bench.mutants.catalogue import BY_NAME
 from bench.mutants.patch import applied
+from harness.findings import SetAside, set_aside
+from strategies.config import Serving
+from strategies.scenarios import Scenario
 
 # Cheap, eviction-heavy configurations first: most bugs show there within a few programs.
 HUNT_ORDER = ("tiny", "medium", "chunked", "lock_heavy", "decode_pressure", "extra_keys", "disagg_prefill", "large")
+
+
+class HuntUnavailable(RuntimeError):
+    """A mutant whose path cannot be hunted on this machine (SGLang's scheduler missing)."""
 
 
 @dataclass
@@ -40,9 +49,48 @@ class HuntResult:
     trace_operations: Optional[int]  # operations in the shrunk trace
     programs: int  # programs run before (and including) the first failing one, or in all
     seconds: float  # the whole hunt, shrinking included
+    not_hunted: Optional[str] = None  # why it could not be hunted here (its path needs SGLang)
 
 
-def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir: str, checks):
+class Path(NamedTuple):
+    """Where a mutant is hunted: under impl's own hand-written protocol, or inside the installed
+    SGLang's own scheduler with the server settings of the path it breaks pinned (that
+    scheduler's known findings set aside)."""
+
+    serving: Optional[Serving] = None
+
+    @property
+    def protocol(self) -> Optional[str]:
+        return None if self.serving is None else "scheduler"
+
+    def configs(self) -> Tuple[str, ...]:
+        """The configurations tried, in order (the scheduler runs no disaggregation)."""
+        return HUNT_ORDER if self.serving is None else tuple(c for c in HUNT_ORDER if c != "disagg_prefill")
+
+    def scenario(self, config: str) -> Scenario:
+        from strategies import SCENARIOS
+
+        scenario = SCENARIOS[config]
+        return scenario if self.serving is None else replace(scenario, servings=(self.serving,))
+
+    def set_aside(self) -> SetAside:
+        if self.serving is None:
+            return SetAside()
+        from harness.caches.sglang_loader import sglang_version
+
+        return set_aside(["all"], impl.__version__, sglang_version())
+
+    def unavailable(self) -> str:
+        """Why this path cannot be hunted on this machine ("" when it can)."""
+        if self.serving is None:
+            return ""
+        from harness.caches import ImplCache
+        from harness.protocols.scheduler import RealSchedulerProtocol
+
+        return RealSchedulerProtocol.refusal(ImplCache)
+
+
+def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir: str, checks, path: Path = Path()):
     """Hypothesis finds the failing program; delta debugging shrinks its trace."""
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
@@ -52,9 +100,9 @@ def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir
     from harness.engines.shrink import shrink_saved
     from harness.fuzz.rounds import NO_SHRINK
     from harness.signature import check_of
-    from strategies import SCENARIOS
 
-    machine = machine_for(SCENARIOS[config], ImplCache, device, stats.record, trace_dir=trace_dir, checks=checks)
+    machine = machine_for(path.scenario(config), ImplCache, device, stats.record, trace_dir=trace_dir,
+                          protocol=path.protocol, set_aside=path.set_aside(), checks=checks)
     budget = settings(
         settings.get_profile(profile), database=None, deadline=None, report_multiple_bugs=False,
         print_blob=False, phases=NO_SHRINK,
@@ -68,19 +116,18 @@ def _hypothesis_attempt(config: str, profile: str, device: str, stats, trace_dir
     return None
 
 
-def _random_attempt(config: str, profile: str, device: str, stats, trace_dir: str, seed: int, checks):
+def _random_attempt(config: str, profile: str, device: str, stats, trace_dir: str, seed: int, checks, path: Path = Path()):
     from hypothesis import settings
 
     from harness.caches import ImplCache
     from harness.engines.random_engine import ProgramFailed, random_program
-    from strategies import SCENARIOS
 
     budget = settings.get_profile(profile)
     rng = random.Random(seed)
     for _ in range(budget.max_examples):
         try:
-            random_program(SCENARIOS[config], ImplCache, rng, budget.stateful_step_count, device, trace_dir, stats.record,
-                           checks=checks)
+            random_program(path.scenario(config), ImplCache, rng, budget.stateful_step_count, device, trace_dir, stats.record,
+                           protocol=path.protocol, set_aside=path.set_aside(), checks=checks)
         except ProgramFailed as failed:
             return failed.check, failed.path
     return None
@@ -98,14 +145,18 @@ def hunt(name: str, engine: str = "hypothesis", profile: str = "ci", device: str
     register_profiles()
     checks = CHECKS if checks is None else checks
     mutant = BY_NAME[name]
+    path = Path(mutant.serving)
+    unavailable = path.unavailable()
+    if unavailable:
+        raise HuntUnavailable(f"mutant {name} breaks a path hunted inside SGLang's own scheduler: {unavailable}")
     stats = Stats()
     outcome, config = None, None
     with tempfile.TemporaryDirectory() as trace_dir, applied(mutant):
-        for config in HUNT_ORDER:
+        for config in path.configs():
             if engine == "hypothesis":
-                outcome = _hypothesis_attempt(config, profile, device, stats, trace_dir, checks)
+                outcome = _hypothesis_attempt(config, profile, device, stats, trace_dir, checks, path)
             else:
-                outcome = _random_attempt(config, profile, device, stats, trace_dir, seed, checks)
+                outcome = _random_attempt(config, profile, device, stats, trace_dir, seed, checks, path)
             if outcome is not None:
                 break
         seconds = time.monotonic() - stats.started
@@ -125,7 +176,12 @@ def hunt(name: str, engine: str = "hypothesis", profile: str = "ci", device: str
 
 
 def _hunt_star(job) -> HuntResult:
-    return hunt(*job)
+    try:
+        return hunt(*job)
+    except HuntUnavailable as why:
+        mutant = BY_NAME[job[0]]
+        return HuntResult(mutant=mutant.name, area=mutant.area, caught=False, check=None, config=None, seconds_to_failure=None,
+                          trace_operations=None, programs=0, seconds=0.0, not_hunted=str(why))
 
 
 def run(names: Sequence[str], engine: str, profile: str, device: str, workers: int, seed: int = 0) -> List[HuntResult]:
@@ -140,8 +196,8 @@ def table(results: Sequence[HuntResult]) -> str:
     """The results as a Markdown table."""
     return markdown_table(
         ("mutant", "area", "caught", "check", "config", "first failure (s)", "shrunk trace (ops)"), "lllllrr",
-        ((f"`{r.mutant}`", r.area, "yes" if r.caught else "**NO**", r.check, r.config, r.seconds_to_failure,
-          r.trace_operations) for r in results),
+        ((f"`{r.mutant}`", r.area, "not hunted (needs SGLang)" if r.not_hunted else "yes" if r.caught else "**NO**",
+          r.check, r.config, r.seconds_to_failure, r.trace_operations) for r in results),
     )
 
 
@@ -152,9 +208,13 @@ def report(names: Sequence[str], engine: str, profile: str, device: str, workers
     results = run(names, engine, profile, device, workers, seed)
     elapsed = time.monotonic() - started
     caught = sum(r.caught for r in results)
+    hunted = [r for r in results if not r.not_hunted]
     out.write(table(results) + "\n\n")
-    out.write(f"{caught}/{len(results)} seeded bugs caught ({engine} engine, {profile} profile, {device}) in {elapsed:.0f} s\n")
+    out.write(f"{caught}/{len(hunted)} seeded bugs caught ({engine} engine, {profile} profile, {device}) in {elapsed:.0f} s\n")
+    for r in results:
+        if r.not_hunted:
+            out.write(f"not hunted: {r.not_hunted}\n")
     if json_path:
         write_json(json_path, {"engine": engine, "profile": profile, "device": device, "seconds": round(elapsed, 1),
                                "results": [asdict(r) for r in results]})
-    return 0 if caught == len(results) else 1
+    return 0 if caught == len(hunted) else 1

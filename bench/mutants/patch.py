@@ -14,7 +14,9 @@ import importlib
 import inspect
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, Optional, Tuple
+
+from strategies.config import Serving
 
 
 class MutantError(ValueError):
@@ -30,6 +32,9 @@ class Mutant:
     target: str  # "impl.module:Class.method" or "impl.module:function"
     edits: Tuple[Tuple[str, str], ...]
     why: str  # what the bug does, in one line
+    # the server settings of the path it breaks, when impl's own pools and hand-written protocol
+    # cannot run them (the extra buffer, pages): hunted inside SGLang's own scheduler with them
+    serving: Optional[Serving] = None
 
     def owner_and_attr(self) -> Tuple[Any, str]:
         """The object holding the target (a class or a module) and the attribute name."""

@@ -35,6 +35,9 @@ class CacheUnderTest:
 
     name = "abstract"
     release = ""  # the version of the code under test
+    # the SGLang release whose own scheduler drives it when that is not its own code's (impl's
+    # tree inside SGLang's scheduler): that scheduler's known findings are met here too
+    scheduler_release: Optional[str] = None
     default_protocol = "contract"  # the hand-written scheduler protocol of the cache's release
     # the protocols whose calls the cache takes (a trace recorded under one of them replays under
     # it across releases: the same calls, each release's cache)

@@ -43,7 +43,7 @@ from harness.caches.impl import class_impl_name, read_lru
 from harness.caches.sglang_releases import unified_rules
 from harness.caches.sglang_unified_0_5_22 import SglangUnified0522Cache
 from reference import SGLANG_0_5_4, Rules
-from strategies.config import CacheConfig
+from strategies.config import PAGE_SIZES, CacheConfig
 
 # the releases whose tree-cache interface `ImplPrefixCache` speaks (0.5.21 and before: 0.5.20's
 # `inc_lock_ref` receipts, `cache_unfinished_req`, `insert_req`, `unpin`)
@@ -198,6 +198,10 @@ def prefix_cache_class() -> type:
             view.req_pool_idx = kv.req_pool_idx
             view.prefix_indices = self.req_to_token_pool.req_to_token[kv.req_pool_idx, : kv.cache_protected_len].to(torch.int64, copy=True)
             view.last_node = self.tree.root_node if lock is None else lock.node
+            if self.tree.enable_mamba_extra_buffer:
+                view.mamba_ping_pong_track_buffer = kv.mamba_ping_pong_track_buffer
+                view.mamba_last_track_seqlen = kv.mamba_last_track_seqlen
+                view.mamba_prev_track_seqlen = kv.mamba_prev_track_seqlen
             self.pools.releasing = req
             try:
                 if req.finished():
@@ -208,9 +212,13 @@ def prefix_cache_class() -> type:
                     self.tree.cache_unfinished_req(view)
                     req.lock = TreeLock(view.last_node, DecLockRefParams())
                     req.last_node = view.last_node
-                    kv.cache_protected_len = len(view.prefix_indices)
+                    # what the tree protects: the path to the node the lock is on
+                    kv.cache_protected_len = len(self.path_device_indices(view.last_node))
             finally:
                 self.pools.releasing = None
+            if self.tree.enable_mamba_extra_buffer:
+                kv.mamba_last_track_seqlen = view.mamba_last_track_seqlen
+                kv.mamba_prev_track_seqlen = view.mamba_prev_track_seqlen
             kv.cache_inserted_len = max(kv.cache_inserted_len, len(tokens))
 
         def on_release(self, req: Any, *, checkpointed: bool) -> None:
@@ -302,7 +310,7 @@ class ImplInSglangCache(SglangUnified0522Cache):
     release = impl.__version__
     default_protocol = "scheduler"
     protocols = ("scheduler",)
-    settings_taken = {"mamba_strategy": ("no_buffer",), "page_size": (1,)}  # impl has no extra buffer yet
+    settings_taken = {"mamba_strategy": ("no_buffer", "extra_buffer"), "page_size": PAGE_SIZES}
     misuse_error = impl.CacheMisuseError
     mamba_exhausted_error = impl.MambaPoolExhaustedError
     sanity_check = CacheUnderTest.sanity_check
@@ -315,6 +323,7 @@ class ImplInSglangCache(SglangUnified0522Cache):
         self._cache_class = cache_class
         super().__init__(config, tree_core="python")
         self.name = "impl" if cache_class is impl.MambaRadixCache else class_impl_name(cache_class)
+        self.scheduler_release = self.release  # the SGLang release whose scheduler and pools it runs in
         self.release = impl.__version__
 
     @classmethod
@@ -327,7 +336,9 @@ class ImplInSglangCache(SglangUnified0522Cache):
 
     def _build_cache(self, config: CacheConfig) -> Any:
         pools = _ImplPools(self.req_pool)
-        tree = self._cache_class(pools, self.kv, page_size=config.page_size)
+        tree = self._cache_class(
+            pools, self.kv, page_size=config.page_size, enable_mamba_extra_buffer=config.mamba_strategy == "extra_buffer"
+        )
         return prefix_cache_class()(tree, self.req_pool, self.kv, config.page_size)
 
     @property
@@ -365,3 +376,21 @@ class _ImplPools:
     def free(self, req_pool_idx: int, free_mamba_cache: bool = True) -> None:
         if free_mamba_cache:
             self._req_pool.free_mamba_cache(self.releasing)
+
+    # the extra buffer: the track-slot calls, on the request being checkpointed
+
+    @property
+    def mamba_ping_pong_track_buffer_size(self) -> int:
+        return self._req_pool.mamba_ping_pong_track_buffer_size
+
+    def get_mamba_ping_pong_keep_idx(self, req: Any) -> int:
+        return self._req_pool.get_mamba_ping_pong_keep_idx(self.releasing)
+
+    def get_mamba_ping_pong_other_idx(self, idx: int) -> int:
+        return self._req_pool.get_mamba_ping_pong_other_idx(idx)
+
+    def donate_mamba_ping_pong_slot(self, req: Any, new_slot: torch.Tensor) -> torch.Tensor:
+        return self._req_pool.donate_mamba_ping_pong_slot(self.releasing, new_slot)
+
+    def free_mamba_cache(self, req: Any, mamba_ping_pong_track_buffer_to_keep: Optional[int] = None) -> None:
+        self._req_pool.free_mamba_cache(self.releasing, mamba_ping_pong_track_buffer_to_keep=mamba_ping_pong_track_buffer_to_keep)

@@ -75,7 +75,8 @@ class FuzzOptions:
         pinned: `check` refuses it."""
         scenario = SCENARIOS[name]
         factory = cache_factory(self.impl)
-        takers = [cache_class(factory).settings_taken] + [p.settings_taken for p in self.protocols_of(scenario, factory)]
+        protocols = self.protocols_of(scenario, factory)
+        takers = [protocols[0].cache_settings_taken(factory)] + [p.settings_taken for p in protocols]
         servings = servings_taken(takers, self.pinned) or servings_taken([], self.pinned)
         return replace(scenario, servings=servings)
 
@@ -84,7 +85,18 @@ class FuzzOptions:
         trace files read for their failure's signature); a fresh object each call."""
         if not self.set_aside:
             return SetAside()
-        return set_aside(set_aside_names(self.set_aside), cache_release(cache_factory(self.impl)))
+        factory = cache_factory(self.impl)
+        return set_aside(set_aside_names(self.set_aside), cache_release(factory), self.scheduler_release(factory))
+
+    def scheduler_release(self, factory: Any) -> Optional[str]:
+        """The SGLang release whose own scheduler drives impl's tree in this run, if one does."""
+        from harness.caches import ImplCache
+
+        if (self.protocol or default_protocol(factory)) != "scheduler" or not issubclass(cache_class(factory), ImplCache):
+            return None
+        from harness.caches.sglang_loader import sglang_version
+
+        return sglang_version()
 
     def check(self) -> None:
         """Raise ValueError naming the first unusable option."""

@@ -51,10 +51,16 @@ class SchedulerProtocol:
             refused = setting_refusal(cls.settings_taken, settings)
             if refused:
                 return f"{cls.title()} runs {refused}"
-            refused = setting_refusal(cache_class(cache_factory).settings_taken, settings)
+            refused = setting_refusal(cls.cache_settings_taken(cache_factory), settings)
             if refused:
                 return f"{cache_name(cache_factory)} is built with {refused}"
         return ""
+
+    @classmethod
+    def cache_settings_taken(cls, cache_factory: Callable[[CacheConfig], CacheUnderTest]) -> Dict[str, Tuple[Setting, ...]]:
+        """The server settings the cache this protocol runs the factory's programs on is built
+        with (`CacheUnderTest.settings_taken`)."""
+        return cache_class(cache_factory).settings_taken
 
     @classmethod
     def title(cls) -> str:

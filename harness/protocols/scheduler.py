@@ -37,7 +37,7 @@ from harness.pairing import model_as_built
 from harness.protocols.base import SchedulerProtocol
 from harness.protocols.scheduler_mirror import mirror_class
 from harness.real_scheduler import real_scheduler_class
-from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, PAGE_SIZES, CacheConfig, SchedulerConfig
+from strategies.config import EVENT_LOOPS, MAMBA_STRATEGIES, PAGE_SIZES, CacheConfig, SchedulerConfig, Setting
 
 # turns a reset waits for aborted requests to leave the scheduler before building it anew
 RESET_TURNS = 8
@@ -179,6 +179,16 @@ class RealSchedulerProtocol(SchedulerProtocol):
         if release not in RELEASES:
             return f"--protocol scheduler: the release's own scheduler is built for SGLang {sorted(RELEASES)} only, not {release}"
         return super().refusal(cache_factory, scheduler, config)
+
+    @classmethod
+    def cache_settings_taken(cls, cache_factory: Any) -> Dict[str, Tuple[Setting, ...]]:
+        """impl runs here as its tree inside the scheduler (`ImplInSglangCache`)."""
+        from harness.caches import ImplCache, cache_class
+        from harness.caches.impl_in_sglang import ImplInSglangCache
+
+        if issubclass(cache_class(cache_factory), ImplCache):
+            return ImplInSglangCache.settings_taken
+        return super().cache_settings_taken(cache_factory)
 
     @classmethod
     def cache_for(cls, cache_factory: Any, config: CacheConfig, scheduler: SchedulerConfig) -> CacheUnderTest:
