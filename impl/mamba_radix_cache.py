@@ -2,7 +2,9 @@
 
 Behaviour follows SGLang 0.5.4's `MambaRadixCache` (see README, "Rules"); the differences are
 speed (eviction candidates come from queues, not list walks; pool frees are batched per call)
-and that misuse raises `CacheMisuseError` before anything changes.
+and that misuse raises `CacheMisuseError` before anything changes. With
+`enable_mamba_extra_buffer` (0.5.7's addition) the tree takes tracked checkpoints instead of the
+running state, and then `page_size` may exceed 1 (keys in whole pages, children keyed by page).
 """
 
 from __future__ import annotations

@@ -255,9 +255,10 @@ def _unified_era_traces():
 def test_a_unified_era_trace_keeps_its_verdict_under_the_real_scheduler(real, name):
     """Recorded under the hand-written calls of 0.5.20 or 0.5.23 (or under the scheduler
     itself): under the installed release's own scheduler it fails with the check it recorded on
-    the Python core, and on every tree core where it records a fault of a scheduler this release
-    shares; elsewhere (the Rust core, 0.5.19 on; impl inside, 0.5.22 on) it passes. A cache that
-    cannot take the trace's settings is passed over."""
+    the Python core, and on every tree core (impl's inside it too) where it records a fault of a
+    scheduler this release shares; elsewhere (the Rust core, 0.5.19 on; impl inside, 0.5.22 on)
+    it passes, as it does everywhere when it records a fault of an older release's scheduler that
+    this release fixed. A cache that cannot take the trace's settings is passed over."""
     import os
 
     from harness.caches import cache_factory
@@ -269,12 +270,14 @@ def test_a_unified_era_trace_keeps_its_verdict_under_the_real_scheduler(real, na
         pytest.skip("recorded with disaggregated prefill, which the real scheduler does not build "
                     "(its finding has a scheduler-recorded trace, sglang-0.5.23/scheduler-*.json)")
     every_core = scheduler_fault(trace, sglang_version()) is not None
+    # a fault of an older release's scheduler, fixed in this one: passes on every cache here
+    fixed_here = scheduler_fault(trace) is not None and not every_core
     for cache in tree_cores() + (("impl",) if speaks_impl() else ()):
         factory = cache_factory(cache)
         if RealSchedulerProtocol.refusal(factory, trace.scheduler, trace.config):
             continue
         verdict = replay(trace, factory, protocol="scheduler")
-        if cache == "sglang-python" or (every_core and cache.startswith("sglang")):
+        if not fixed_here and (cache == "sglang-python" or every_core):
             assert not verdict.ok and verdict.failure.check == trace.failure.check, (cache, verdict)
         else:
             assert verdict.ok, (cache, verdict)

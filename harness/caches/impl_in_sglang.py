@@ -21,6 +21,10 @@ one on top of impl's own tree operations, the pools SGLang's:
                            `cache_unfinished_req` (a fork of the state; the lock moves down),
                            each on a view of the request in impl's `Req` fields; the request's
                            `kv` record left as `UnifiedRadixCache.checkpoint_into_tree` leaves it
+                           (with the extra buffer the view carries the request's track buffer
+                           and tracked lengths, impl's track-slot calls go to SGLang's pool on
+                           the real request, and what the tree protects is the path to the
+                           lock's node)
   on_release               a request not checkpointed gives its Mamba slot back
   evict / evict_for_alloc  impl's `evict(num_tokens)` then `evict_mamba(mamba_num)`
   sizes, sanity_check      impl's own
