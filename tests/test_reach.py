@@ -62,25 +62,37 @@ def test_impl_takes_every_call_of_sglang_0_5_4s_scheduler(tmp_path):
     assert not missing, f"never reached: {missing}; seen: {dict(seen)}"
 
 
-@pytest.mark.sglang
-def test_the_extra_buffer_s_paths_occur_under_the_release_s_own_scheduler(tmp_path):
-    """Checkpoints at track boundaries, slots donated by running and finished requests, a
-    request finishing before any checkpoint, a request released without caching (aborted or
-    retracted): each reached by seeded random programs with the extra buffer, the known
-    findings set aside."""
-    from harness.caches import cache_class, cache_factory, cache_release
-    from harness.caches.sglang_loader import sglang_unavailable
+def _inside_the_scheduler(cache: str, setting: str, value):
+    """The factory of `cache` (SGLang's unified Python cache, or impl's tree inside the installed
+    release's scheduler) and the known findings set aside for it, or a skip naming why the
+    installed release does not run it with `setting` at `value`."""
+    from harness.caches import ImplCache, cache_class, cache_factory, cache_release
+    from harness.caches.sglang_loader import sglang_unavailable, sglang_version
     from harness.findings import set_aside
+    from harness.protocols import RealSchedulerProtocol
 
     reason = sglang_unavailable()
     if reason:
         pytest.skip(reason)
-    factory = cache_factory("sglang-python")
-    if "extra_buffer" not in cache_class(factory).settings_taken["mamba_strategy"]:
-        pytest.skip(f"SGLang {cache_release(factory)}'s unified cache is not driven with the extra buffer")
+    factory = cache_factory(cache)
+    refused = RealSchedulerProtocol.refusal(factory) if issubclass(cache_class(factory), ImplCache) else ""
+    if refused:
+        pytest.skip(refused)
+    if value not in RealSchedulerProtocol.cache_settings_taken(factory).get(setting, (value,)):
+        pytest.skip(f"{cache} under SGLang {sglang_version()}'s scheduler is not built with {setting} {value!r}")
+    return factory, set_aside(["all"], cache_release(factory), sglang_version())
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("cache", ["sglang-python", "impl"])
+def test_the_extra_buffer_s_paths_occur_under_the_release_s_own_scheduler(tmp_path, cache):
+    """Checkpoints at track boundaries, slots donated by running and finished requests, a
+    request finishing before any checkpoint, a request released without caching (aborted or
+    retracted): each reached by seeded random programs with the extra buffer, for SGLang's
+    cache and for impl's tree inside the scheduler, the known findings set aside."""
+    factory, aside = _inside_the_scheduler(cache, "mamba_strategy", "extra_buffer")
     seen = Counter()
     rng = random.Random(32)
-    aside = set_aside(["all"], cache_release(factory))
     for name in ("chunked", "decode_pressure", "medium"):
         scenario = replace(SCENARIOS[name], servings=(serving("extra_buffer", "normal"), serving("extra_buffer", "overlap")))
         for _ in range(PROGRAMS // 3):
@@ -91,23 +103,14 @@ def test_the_extra_buffer_s_paths_occur_under_the_release_s_own_scheduler(tmp_pa
 
 
 @pytest.mark.sglang
-def test_paged_kv_s_paths_occur_under_the_release_s_own_scheduler(tmp_path):
+@pytest.mark.parametrize("cache", ["sglang-python", "impl"])
+def test_paged_kv_s_paths_occur_under_the_release_s_own_scheduler(tmp_path, cache):
     """Pages of 4 and 64 slots: a split at a page boundary, a prompt shorter than a page, a
-    decode starting a page; each reached by seeded random programs, the known findings set
-    aside."""
-    from harness.caches import cache_class, cache_factory, cache_release
-    from harness.caches.sglang_loader import sglang_unavailable
-    from harness.findings import set_aside
-
-    reason = sglang_unavailable()
-    if reason:
-        pytest.skip(reason)
-    factory = cache_factory("sglang-python")
-    if 4 not in cache_class(factory).settings_taken.get("page_size", (1,)):
-        pytest.skip(f"SGLang {cache_release(factory)}'s unified cache is not driven with paged KV")
+    decode starting a page; each reached by seeded random programs, for SGLang's cache and for
+    impl's tree inside the scheduler, the known findings set aside."""
+    factory, aside = _inside_the_scheduler(cache, "page_size", 4)
     seen = Counter()
     rng = random.Random(64)
-    aside = set_aside(["all"], cache_release(factory))
     pages = (serving("extra_buffer", "overlap", 4), serving("extra_buffer", "normal", 4), serving("extra_buffer", "normal", 64))
     for name in ("chunked", "medium", "large"):
         for _ in range(PROGRAMS // 3):
