@@ -30,6 +30,7 @@ extra buffer, its track slots and the lengths of what they hold.
         # loop) and the lengths of the latest checkpoint and the one before, as the scheduler
         # records them
         self.mamba_ping_pong_track_buffer: Optional[torch.Tensor] = None
+        self.mamba_last_track_idx = 0  # the position in it of the latest checkpoint
         self.mamba_last_track_seqlen: Optional[int] = None
         self.mamba_prev_track_seqlen: Optional[int] = None
 

@@ -701,3 +701,129 @@ def test_unfinished_req_with_more_fill_ids_than_its_row_holds_is_refused_before_
     with pytest.raises(CacheMisuseError, match=r"request 0 has 100 fill_ids but its row holds 64 KV slots"):
         s.cache.cache_unfinished_req(req, chunked=True)
     assert (s.shape(), s.sizes(), s.lru("full"), s.lru("mamba"), s.free_counts()) == before
+
+
+# ----- the extra buffer: impl's own pool with track slots ------------------------------------------
+
+
+class Tracked:
+    """A request pool with a ping-pong pair of track slots per request, a paged tree taking
+    tracked states, and one request whose forward pass the test plays (its row, its checkpoints)."""
+
+    def __init__(self, device, mamba_size=8, page_size=4, req_size=2):
+        self.kv = TokenToKVPoolAllocator(64, device=device, debug=True)
+        self.pool = HybridReqToTokenPool(size=req_size, mamba_size=mamba_size, max_context_len=64, device=device, debug=True,
+                                         mamba_tracking_slots=2)
+        self.mamba = self.pool.mamba_pool
+        self.cache = MambaRadixCache(self.pool, self.kv, page_size=page_size, enable_mamba_extra_buffer=True)
+
+    def request(self, tokens):
+        req = Req("r", tokens)
+        req.req_pool_idx = self.pool.alloc(1, [req])[0]
+        req.last_node = self.cache.root_node
+        return req
+
+    def compute(self, req, tokens):
+        """The forward pass computed `tokens` (the request's fill so far) into fresh KV slots."""
+        start = len(req.fill_ids)
+        slots = self.kv.alloc(len(tokens) - start)
+        self.pool.write((req.req_pool_idx, slice(start, len(tokens))), slots.to(torch.int32))
+        req.fill_ids = list(tokens)
+
+    @staticmethod
+    def checkpoint(req, length, position):
+        """The forward pass wrote the state of `length` tokens into track position `position`."""
+        req.mamba_prev_track_seqlen = req.mamba_last_track_seqlen
+        req.mamba_last_track_seqlen, req.mamba_last_track_idx = length, position
+
+    def owned(self):
+        """Mamba slots free, in the tree, and held by the request (running, track), each once."""
+        tree = [int(n.mamba_value[0]) for n in self.cache._iter_nodes() if n.mamba_value is not None]
+        return sorted(self.mamba.free_slots.tolist() + tree)
+
+
+def test_pool_hands_out_track_slots_beside_the_running_state(device):
+    t = Tracked(device)
+    req = t.request([1, 2, 3, 4])
+    assert req.mamba_ping_pong_track_buffer.tolist() == [1, 2] and int(req.mamba_pool_idx) == 0
+    assert t.pool.get_mamba_ping_pong_other_idx(0) == 1
+    short = Tracked(device, mamba_size=2)
+    assert short.pool.alloc(1, [Req("s", [1])]) is None  # three states needed, all or nothing
+    with pytest.raises(ValueError, match=r"mamba_tracking_slots must be 0, 1 or 2, got 3"):
+        HybridReqToTokenPool(size=1, mamba_size=4, max_context_len=8, device=device, mamba_tracking_slots=3)
+
+
+def test_running_request_donates_its_latest_checkpoint_and_keeps_tracking(device):
+    t = Tracked(device)
+    req = t.request(list(range(1, 11)))
+    t.compute(req, list(range(1, 11)))
+    t.checkpoint(req, 8, 0)
+    before = req.mamba_ping_pong_track_buffer.tolist()
+    t.cache.cache_unfinished_req(req)
+    node = req.last_node
+    assert node.key.token_ids == list(range(1, 9)) and int(node.mamba_value[0]) == before[0]
+    assert req.mamba_ping_pong_track_buffer.tolist()[1] == before[1] and req.mamba_ping_pong_track_buffer[0] != before[0]
+    assert req.mamba_last_track_seqlen is None and len(req.prefix_indices) == 10 and node.full_lock_ref == 1
+    # no checkpoint since: nothing goes in, the lock stays
+    t.cache.cache_unfinished_req(req)
+    assert req.last_node is node and len(t.cache.root_node.children) == 1
+
+
+def test_finished_request_gives_the_tree_the_checkpoint_its_key_spells(device):
+    t = Tracked(device)
+    req = t.request(list(range(1, 9)))
+    t.compute(req, list(range(1, 13)))
+    req.output_ids = list(range(9, 14))  # 12 tokens computed, the last output has no KV yet
+    t.checkpoint(req, 8, 0)
+    t.checkpoint(req, 16, 1)  # the latest ran past the tokens cached (the overlap loop's next step)
+    kept = int(req.mamba_ping_pong_track_buffer[0])
+    kv_free = t.kv.available_size()
+    t.cache.cache_finished_req(req)
+    (node,) = t.cache.root_node.children.values()
+    assert node.key.token_ids == list(range(1, 9)) and int(node.mamba_value[0]) == kept
+    assert t.kv.available_size() == kv_free + 4  # the KV past the key freed
+    assert t.owned() == list(range(8)) and req.mamba_ping_pong_track_buffer is None
+    assert t.pool.available_size() == 2 and t.cache.full_protected_size() == 0
+
+
+def test_finished_request_without_a_checkpoint_caches_nothing(device):
+    t = Tracked(device)
+    req = t.request([1, 2, 3, 4, 5])
+    t.compute(req, [1, 2, 3, 4, 5])
+    req.output_ids = [6]
+    t.checkpoint(req, 6, 0)  # a checkpoint past the tokens computed, and none before it
+    kv_free = t.kv.available_size()
+    t.cache.cache_finished_req(req)
+    assert t.cache.root_node.children == {} and t.kv.available_size() == kv_free + 5
+    assert t.owned() == list(range(8))
+
+
+def test_donation_into_a_full_mamba_pool_evicts_a_state(device):
+    t = Tracked(device, mamba_size=3)
+    req = t.request(list(range(1, 9)))
+    t.compute(req, list(range(1, 9)))
+    t.checkpoint(req, 4, 0)
+    with pytest.raises(MambaPoolExhaustedError, match=r"track buffer even after evicting"):
+        t.cache.cache_unfinished_req(req)  # every state is the request's own: none can go
+
+
+def test_a_second_request_s_checkpoint_shares_the_first_s_pages(device):
+    t = Tracked(device, mamba_size=12, req_size=3)
+    first = t.request(list(range(1, 9)))
+    t.compute(first, list(range(1, 9)))
+    t.checkpoint(first, 8, 0)
+    t.cache.cache_unfinished_req(first)
+    second = t.request(list(range(1, 5)) + [0, 0, 0, 0])
+    t.compute(second, list(range(1, 5)) + [0, 0, 0, 0])
+    t.checkpoint(second, 8, 0)
+    own = t.pool.req_to_token[second.req_pool_idx, :4].tolist()
+    t.cache.cache_unfinished_req(second)  # splits the first's node after its first page
+    assert sorted(tuple(n.key.token_ids) for n in t.cache._iter_nodes()) == [(), (0, 0, 0, 0), (1, 2, 3, 4), (5, 6, 7, 8)]
+    shared = t.pool.req_to_token[second.req_pool_idx, :4].tolist()
+    assert shared == t.pool.req_to_token[first.req_pool_idx, :4].tolist() != own  # the row rewritten to the tree's
+    third = t.request(list(range(1, 9)))
+    t.compute(third, list(range(1, 9)))
+    t.checkpoint(third, 8, 0)
+    donated = int(third.mamba_ping_pong_track_buffer[0])
+    t.cache.cache_unfinished_req(third)  # the state is cached already: the donated slot goes back
+    assert donated in t.mamba.free_slots.tolist()

@@ -185,9 +185,9 @@ MUTANTS: Tuple[Mutant, ...] = (
        ("if free_mamba_cache and indices:", "if indices:")),
     _m("req-alloc-leaks-on-failure", "pools", "impl.req_to_token_pool:HybridReqToTokenPool.alloc",
        "request slots are taken before the Mamba pool is asked, and kept when it says no",
-       ("            req.mamba_pool_idx = mamba_idx\n        select = self.free_slots[:need_size]\n"
+       ("            req.mamba_last_track_idx = 0\n        select = self.free_slots[:need_size]\n"
         "        self.free_slots = self.free_slots[need_size:]\n",
-        "            req.mamba_pool_idx = mamba_idx\n"),
+        "            req.mamba_last_track_idx = 0\n"),
        ("        without_mamba = [req for req in reqs if req.mamba_pool_idx is None]\n",
         "        select = self.free_slots[:need_size]\n        self.free_slots = self.free_slots[need_size:]\n"
         "        without_mamba = [req for req in reqs if req.mamba_pool_idx is None]\n")),
